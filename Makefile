@@ -1,0 +1,42 @@
+# The two set-up commands of the README: `make reproduce` and `make test`.
+# Each creates .venv if missing and installs the pinned dependencies (constraints.txt) first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.iclab-installed
+PRESET ?= quick
+OUT    ?= runs
+
+.PHONY: install test test-all lint format reproduce bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(PY) -m pytest -q -n 2
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "slow or not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks scripts
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+reproduce: $(STAMP)
+	$(VENV)/bin/iclab reproduce --preset $(PRESET) --out $(OUT)
+
+bench: $(STAMP)
+	$(VENV)/bin/iclab bench --out benchmarks/results
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,19 @@
+"""Benchmark: the Fig.-1 training step of Ahn et al. 2023 (3 layers, d=5, n=20, batch 20 000).
+
+    python benchmarks/bench_training_step.py            # or: iclab bench [--presets]
+
+Prints ms per step, samples/s and achieved GFLOP/s against this machine's measured float32
+matmul peak, for the eq.-(8) ("sparse") model and the full-P/Q model; writes
+benchmarks/results/bench-<device>.json. Results are recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from iclab.bench import run_benchmarks
+
+if __name__ == "__main__":
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+    print(json.dumps(run_benchmarks("benchmarks/results", device=device), indent=2))

@@ -1,0 +1,129 @@
+"""Benchmarks: this machine's matmul peak, training-step throughput, preset wall times.
+
+Throughput is reported against the *measured* float32 matmul peak (no hard-coded hardware
+numbers): FLOPs of a step are counted by ``torch.utils.flop_counter`` (matmul-family ops only,
+the FLOPs that matter here), the FLOP-bound time is FLOPs / peak.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from iclab.core.devices import resolve_device
+from iclab.core.io import atomic_write_json
+from iclab.core.seeding import generator
+from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+from iclab.tasks.linear_regression import LinearRegression
+from iclab.training.trainer import mse_loss
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timeit(fn: Callable[[], object], *, device: torch.device, repeats: int = 10, warmup: int = 2) -> float:
+    """Median seconds per call."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def matmul_peak(device: torch.device, size: int = 2048, dtype: torch.dtype = torch.float32, repeats: int = 10) -> float:
+    """Measured GFLOP/s of a square ``size`` matmul (the machine's practical peak)."""
+    g = generator(0, device)
+    a = torch.randn(size, size, generator=g, device=device, dtype=dtype)
+    b = torch.randn(size, size, generator=g, device=device, dtype=dtype)
+    sec = timeit(lambda: a @ b, device=device, repeats=repeats)
+    return 2 * size**3 / sec / 1e9
+
+
+def training_step(
+    *,
+    d: int = 5,
+    n: int = 20,
+    n_layers: int = 3,
+    batch: int = 20_000,
+    pattern: str = "sparse",
+    device: torch.device,
+    repeats: int = 10,
+) -> dict[str, float]:
+    """One Adam step (forward, backward, per-matrix clip, update) of the Fig.-1 configuration."""
+    from iclab.training.optim import clip_gradients
+
+    task = LinearRegression.random_rotation(generator=generator(0))
+    model = LinearTransformer(
+        LinearTransformerConfig(d=d, n_layers=n_layers, pattern=pattern), generator=generator(1)
+    ).to(device)  # type: ignore[arg-type]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ep = task.sample(batch, n, generator=generator(2, device))
+    params = list(model.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        mse_loss(model, ep).backward()
+        clip_gradients(params, 0.01, "per_matrix")
+        opt.step()
+
+    with FlopCounterMode(display=False) as fc:
+        opt.zero_grad(set_to_none=True)
+        mse_loss(model, ep).backward()
+    flops = fc.get_total_flops()
+    sec = timeit(step, device=device, repeats=repeats)
+    sample_sec = timeit(lambda: task.sample(batch, n, generator=generator(3, device)), device=device, repeats=repeats)
+    return {
+        "ms_per_step": sec * 1e3,
+        "samples_per_s": batch / sec,
+        "gflop_per_step": flops / 1e9,
+        "achieved_gflops": flops / sec / 1e9,
+        "data_ms": sample_sec * 1e3,
+    }
+
+
+def preset_times(preset: str, out: Path, device: str) -> dict[str, float]:
+    """Wall seconds of every registered experiment at ``preset`` (forced recomputation)."""
+    from iclab.experiments.registry import all_experiments
+    from iclab.experiments.runner import run_experiment
+
+    times = {}
+    for name in all_experiments():
+        t = time.perf_counter()
+        run_experiment(name, preset, out=out / "preset-runs", device=device, force=True)
+        times[name] = time.perf_counter() - t
+    return times
+
+
+def run_benchmarks(
+    out: str | Path, *, quick: bool = False, device: str = "cpu", presets: bool = False
+) -> dict[str, Any]:
+    dev = resolve_device(device)
+    out = Path(out)
+    repeats = 3 if quick else 10
+    peak = matmul_peak(dev, repeats=repeats)
+    report: dict[str, Any] = {
+        "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()} torch={torch.__version__} device={dev}",
+        "matmul_peak_gflops": round(peak, 1),
+    }
+    for pattern in ("sparse", "full"):
+        r = training_step(pattern=pattern, device=dev, repeats=repeats)
+        r["flop_bound_ms"] = r["gflop_per_step"] / peak * 1e3
+        r["x_flop_bound"] = r["ms_per_step"] / r["flop_bound_ms"]
+        report[f"fig1_step_{pattern}"] = {k: round(v, 3) for k, v in r.items()}
+    if presets:
+        report["quick_preset_seconds"] = {k: round(v, 1) for k, v in preset_times("quick", out, device).items()}
+    atomic_write_json(out / f"bench-{dev.type}.json", report)
+    return report

@@ -1,0 +1,180 @@
+"""Typed configs: dataclasses built from dicts/YAML with dotted overrides, checked before any work.
+
+    cfg = from_dict(TrainConfig, {"lr": 0.01}, owner="train")
+    data = apply_overrides(yaml_dict, ["train.lr=0.02", "model.n_layers=4"])
+
+An unknown key fails with a suggestion (``unknown key 'model.n_layer'; did you mean 'n_layers'?``);
+a value of the wrong type names the field, the type wanted and the value got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+import yaml
+
+from iclab.core.errors import ConfigError, did_you_mean
+
+T = TypeVar("T")
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")}
+
+
+def _coerce(owner: str, name: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against the annotation ``tp`` (coercing ints to floats, lists to tuples)."""
+    origin = get_origin(tp)
+    where = f"{owner}.{name}"
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(owner, name, a, value)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where} must be {_describe(tp)}; got {value!r}")
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(f"{where} must be one of {list(get_args(tp))}; got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{where} must be {_describe(tp)}; got {value!r}")
+        args = get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{where} must be {_describe(tp)} ({len(args)} entries); got {value!r}")
+            return tuple(_coerce(owner, f"{name}[{i}]", a, v) for i, (a, v) in enumerate(zip(args, value, strict=True)))
+        inner = args[0] if args else Any
+        out = [_coerce(owner, f"{name}[{i}]", inner, v) for i, v in enumerate(value)]
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping; got {value!r}")
+        return dict(value)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return from_dict(tp, value, owner=where)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a float; got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an int; got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false; got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string; got {value!r}")
+        return value
+    return value
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return f"one of {list(get_args(tp))}"
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if tp is type(None):
+        return "null"
+    if origin is tuple:
+        return "a list of " + ", ".join(_describe(a) for a in get_args(tp) if a is not Ellipsis)
+    return f"a {getattr(tp, '__name__', str(tp))}"
+
+
+def from_dict(cls: type[T], data: dict[str, Any] | None, *, owner: str | None = None) -> T:
+    """Build the dataclass ``cls`` from ``data``, rejecting unknown keys and badly typed values."""
+    owner = owner or cls.__name__
+    data = dict(data or {})
+    if not isinstance(data, dict):
+        raise ConfigError(f"{owner} must be a mapping; got {data!r}")
+    fields = _fields(cls)
+    hints = typing.get_type_hints(cls)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"unknown key '{owner}.{key}'{did_you_mean(key, list(fields))}")
+    kwargs = {k: _coerce(owner, k, hints[k], v) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        if owner == cls.__name__ or str(e).startswith(f"{owner}:"):
+            raise
+        raise ConfigError(f"{owner}: {e}") from None
+
+
+def to_dict(obj: Any) -> Any:
+    """A JSON/YAML-ready dict of a (nested) dataclass."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            f.name: to_dict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if f.init and not f.name.startswith("_")
+        }
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``'a.b=3'`` -> (['a', 'b'], 3); the value is parsed as YAML (numbers, lists, true/false, null)."""
+    if "=" not in item:
+        raise ConfigError(f"override must look like key.sub=value; got {item!r}")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override key must be dotted names like train.lr; got {key!r}")
+    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    """Return a copy of ``data`` with each ``key.sub=value`` applied (the key path need not exist:
+    validation by :func:`from_dict` catches unknown keys)."""
+    out = json.loads(json.dumps(data))
+    for item in overrides:
+        path, value = parse_override(item)
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[path[-1]] = value
+    return out
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    data = yaml.safe_load(p.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level; got {type(data).__name__}")
+    return data
+
+
+def config_hash(obj: Any, length: int = 10) -> str:
+    """A short stable hash of a config (dataclass or dict): same config, same run directory."""
+    blob = json.dumps(to_dict(obj), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:length]

@@ -1,0 +1,134 @@
+"""The one data structure every learner reads: an in-context learning episode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+from torch import Tensor
+
+from iclab.core.errors import ShapeError, require_shape
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A batch of B prompts, each with n context pairs and one query.
+
+    Regression episodes carry float labels ``y (B, n)`` and ``y_query (B,)``; classification
+    episodes carry integer ``labels (B, n)`` and ``label_query (B,)``. ``task`` holds what an
+    oracle may use (``w (B, d)``, ``Sigma (d, d)`` or ``(B, d, d)``, ...); learners that are not
+    oracles never read it, and no learner reads ``y_query``.
+
+    Shapes are checked on construction (no data-dependent checks, so episodes can be built
+    under ``torch.func.vmap``).
+    """
+
+    x: Tensor  # (B, n, d)  context inputs
+    x_query: Tensor  # (B, d)
+    y: Tensor | None = None  # (B, n)     context labels (regression)
+    y_query: Tensor | None = None  # (B,)  target; no learner reads it
+    labels: Tensor | None = None  # (B, n) int context labels (classification)
+    label_query: Tensor | None = None  # (B,) int
+    task: dict[str, Tensor] = field(default_factory=dict)
+    batched: tuple[str, ...] = ()  # task keys with a leading batch axis (per-prompt), e.g. ("w",)
+
+    def __post_init__(self) -> None:
+        if self.x.dim() != 3:
+            raise ShapeError(f"Episode.x must have shape (B, n, d); got {tuple(self.x.shape)}")
+        B, n, d = self.x.shape
+        if n < 1:
+            raise ShapeError(f"Episode.x must hold n >= 1 context pairs; got shape {tuple(self.x.shape)}")
+        note = f" to match x {tuple(self.x.shape)}"
+        require_shape("Episode", "x_query", tuple(self.x_query.shape), (B, d), note)
+        if self.y is None and self.labels is None:
+            raise ShapeError(
+                "Episode needs context labels: pass y (B, n) for regression or labels (B, n) for classification"
+            )
+        if self.y is not None:
+            require_shape("Episode", "y", tuple(self.y.shape), (B, n), note)
+            if self.y.dtype != self.x.dtype:
+                raise ShapeError(f"Episode.y must have the dtype of x ({self.x.dtype}); got {self.y.dtype}")
+        if self.y_query is not None:
+            require_shape("Episode", "y_query", tuple(self.y_query.shape), (B,), note)
+        if self.labels is not None:
+            require_shape("Episode", "labels", tuple(self.labels.shape), (B, n), note)
+            if self.labels.dtype.is_floating_point:
+                raise ShapeError(f"Episode.labels must be an integer tensor; got {self.labels.dtype}")
+        if self.label_query is not None:
+            require_shape("Episode", "label_query", tuple(self.label_query.shape), (B,), note)
+        for key in self.batched:
+            if key not in self.task:
+                raise ShapeError(f"Episode.batched names task key {key!r}, which is not in task {sorted(self.task)}")
+            if self.task[key].dim() == 0 or self.task[key].shape[0] != B:
+                raise ShapeError(
+                    f"Episode.task[{key!r}] is per-prompt and must have a leading batch axis of size {B}; got {tuple(self.task[key].shape)}"
+                )
+
+    @property
+    def batch_size(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def n(self) -> int:
+        """Number of context pairs."""
+        return self.x.shape[1]
+
+    @property
+    def d(self) -> int:
+        return self.x.shape[2]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.x.device
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Episode:
+        """Move every tensor (task entries included); ``dtype`` applies to floating tensors only."""
+
+        def mv(t: Tensor | None) -> Tensor | None:
+            if t is None:
+                return None
+            return t.to(device=device, dtype=dtype if (dtype is not None and t.dtype.is_floating_point) else None)
+
+        return replace(
+            self,
+            x=mv(self.x),
+            x_query=mv(self.x_query),
+            y=mv(self.y),
+            y_query=mv(self.y_query),
+            labels=mv(self.labels),
+            label_query=mv(self.label_query),
+            task={k: mv(v) for k, v in self.task.items()},
+        )
+
+    def __getitem__(self, index: slice | Tensor) -> Episode:
+        """Select prompts along the batch axis; the per-prompt task entries (``batched``) are sliced too."""
+
+        def sel(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[index]
+
+        task = {k: (v[index] if k in self.batched else v) for k, v in self.task.items()}
+        return replace(
+            self,
+            x=self.x[index],
+            x_query=self.x_query[index],
+            y=sel(self.y),
+            y_query=sel(self.y_query),
+            labels=sel(self.labels),
+            label_query=sel(self.label_query),
+            task=task,
+        )
+
+    def with_context(self, n: int) -> Episode:
+        """The same prompts with only their first ``n`` context pairs."""
+        if not 1 <= n <= self.n:
+            raise ShapeError(f"Episode.with_context: n must be in [1, {self.n}]; got {n}")
+        return replace(
+            self,
+            x=self.x[:, :n],
+            y=None if self.y is None else self.y[:, :n],
+            labels=None if self.labels is None else self.labels[:, :n],
+        )

@@ -1,0 +1,57 @@
+"""Numerical helpers shared by every layer: random rotations, matrix functions, distances."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def haar_orthogonal(
+    d: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float64, device: torch.device | str | None = None
+) -> Tensor:
+    """A Haar-distributed orthogonal ``(d, d)`` matrix: QR of a Gaussian matrix with the sign fix.
+
+    (Mezzadri 2007.) Without the sign fix ``diag(R) > 0`` the QR factor is not Haar.
+    """
+    device = device if device is not None else generator.device
+    g = torch.randn(d, d, generator=generator, dtype=dtype, device=device)
+    q, r = torch.linalg.qr(g)
+    return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
+
+
+def sym_sqrt(m: Tensor) -> Tensor:
+    """Symmetric square root of a symmetric PSD matrix (batched over leading axes)."""
+    evals, evecs = torch.linalg.eigh(m)
+    return (evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)) @ evecs.transpose(-1, -2)
+
+
+def sym_inv_sqrt(m: Tensor) -> Tensor:
+    """Inverse symmetric square root of a symmetric positive-definite matrix."""
+    evals, evecs = torch.linalg.eigh(m)
+    return (evecs * evals.rsqrt().unsqueeze(-2)) @ evecs.transpose(-1, -2)
+
+
+def dist_to_identity(m: Tensor) -> Tensor:
+    """Dist(M, I) = min_α ‖M − αI‖_F / ‖M‖_F (Ahn et al. 2023, Sec. 4.3); batched over leading axes.
+
+    The minimising α is tr(M)/d, so Dist = ‖M − (tr M/d) I‖_F / ‖M‖_F ∈ [0, 1]. It is invariant to
+    scaling M and to orthogonal conjugation M → UᵀMU. A zero matrix has distance 1 by convention
+    (nothing of it lies along I).
+    """
+    d = m.shape[-1]
+    alpha = torch.diagonal(m, dim1=-2, dim2=-1).sum(-1) / d
+    eye = torch.eye(d, dtype=m.dtype, device=m.device)
+    resid = torch.linalg.matrix_norm(m - alpha[..., None, None] * eye)
+    norm = torch.linalg.matrix_norm(m)
+    return torch.where(norm > 0, resid / norm.clamp_min(torch.finfo(m.dtype).tiny), torch.ones_like(norm))
+
+
+def is_psd(m: Tensor, *, strict: bool = False, rtol: float = 1e-10) -> bool:
+    """True when the symmetric matrix ``m`` (or every one in a batch) is PSD (PD with ``strict``)."""
+    if m.shape[-1] != m.shape[-2]:
+        return False
+    if not torch.allclose(m, m.transpose(-1, -2), atol=rtol * max(1.0, float(m.abs().max()))):
+        return False
+    evals = torch.linalg.eigvalsh(m.to(torch.float64))
+    scale = max(float(evals.abs().max()), 1e-300)
+    return bool((evals > rtol * scale).all()) if strict else bool((evals >= -rtol * scale).all())

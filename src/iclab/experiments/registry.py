@@ -1,0 +1,143 @@
+"""Experiment specs: one per paper figure or table, with presets and claims.
+
+    SPEC = Experiment(name="ahn2023.fig1", config=Fig1Config, presets={...}, run=..., plot=..., claims=...)
+    register(SPEC)
+
+A preset is a dict of overrides of the config's defaults; ``smoke`` runs in seconds (CI runs it
+for every experiment), ``quick`` in minutes on a 2-core CPU, ``paper`` with the paper's settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import Progress
+
+from iclab.core.errors import ConfigError, did_you_mean
+
+PRESETS = ("smoke", "quick", "paper")
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """A paper statement checked numerically: passed, what was measured, what was expected."""
+
+    name: str
+    passed: bool
+    measured: Any
+    expected: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "passed": bool(self.passed),
+            "measured": self.measured,
+            "expected": self.expected,
+            "detail": self.detail,
+        }
+
+
+def check(
+    name: str,
+    measured: float,
+    *,
+    expected: float | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    lo: float | None = None,
+    hi: float | None = None,
+    detail: str = "",
+) -> ClaimResult:
+    """A numeric claim: ``measured`` within rtol/atol of ``expected``, and/or in [lo, hi]."""
+    ok, parts = True, []
+    m = float(measured)
+    if expected is not None:
+        tol = (atol or 0.0) + (rtol or 0.0) * abs(expected)
+        ok &= abs(m - expected) <= tol
+        parts.append(f"{expected:.4g} ± {tol:.2g}")
+    if lo is not None:
+        ok &= m >= lo
+        parts.append(f">= {lo:.4g}")
+    if hi is not None:
+        ok &= m <= hi
+        parts.append(f"<= {hi:.4g}")
+    ok &= bool(torch.isfinite(torch.tensor(m)))
+    return ClaimResult(name, bool(ok), round(m, 6), ", ".join(parts), detail)
+
+
+@dataclass
+class RunContext:
+    """What an experiment's ``run`` may use: where to write, which device, a shared progress bar."""
+
+    out_dir: Path
+    device: torch.device
+    preset: str
+    progress: Progress | None = None
+
+    def subdir(self, *parts: object) -> Path:
+        p = self.out_dir.joinpath(*map(str, parts))
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str  # "<paper>.<figure>", e.g. "ahn2023.fig1"
+    title: str
+    config: type  # a frozen dataclass; its defaults are the paper's settings
+    presets: dict[str, dict[str, Any]]
+    run: Callable[[Any, RunContext], dict[str, Any]]
+    plot: Callable[[dict[str, Any], Any, Path], list[Path]]
+    claims: Callable[[dict[str, Any], Any], list[ClaimResult]]
+    description: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def paper(self) -> str:
+        return self.name.split(".", 1)[0]
+
+
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def register(exp: Experiment) -> Experiment:
+    missing = [p for p in PRESETS if p not in exp.presets]
+    if missing:
+        raise ConfigError(f"Experiment {exp.name!r} must define presets {PRESETS}; missing {missing}")
+    if exp.name in _REGISTRY and _REGISTRY[exp.name] is not exp:
+        raise ConfigError(f"experiment {exp.name!r} is registered twice")
+    _REGISTRY[exp.name] = exp
+    return exp
+
+
+def _load_all() -> None:
+    from iclab.experiments import ahn2023  # noqa: F401  (registers on import)
+
+
+def all_experiments() -> dict[str, Experiment]:
+    _load_all()
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get(name: str) -> Experiment:
+    exps = all_experiments()
+    if name not in exps:
+        raise ConfigError(f"unknown experiment {name!r}{did_you_mean(name, list(exps))}")
+    return exps[name]
+
+
+def select(pattern: str | None) -> list[Experiment]:
+    """Experiments whose name equals ``pattern`` or starts with ``pattern.`` (a paper); all for None."""
+    exps = all_experiments()
+    if pattern in (None, "", "all"):
+        return list(exps.values())
+    chosen = [e for n, e in exps.items() if n == pattern or n.startswith(f"{pattern}.")]
+    if not chosen:
+        papers = sorted({e.paper for e in exps.values()})
+        raise ConfigError(f"no experiment or paper named {pattern!r}{did_you_mean(pattern, list(exps) + papers)}")
+    return chosen

@@ -1,0 +1,287 @@
+"""Residual linear self-attention: the layer and the L-layer linear transformer.
+
+Ahn, Cheng, Daneshmand, Sra 2023, eq. (3)-(4):
+
+    Z_{ℓ+1} = Z_ℓ + (1/n) Σ_h P_h Z_ℓ M (Z_ℓᵀ Q_h Z_ℓ),      TF(Z_0) = −[Z_L]_{d+1, n+1}
+
+The paper's tokens are columns, Z ∈ R^{D×(n+1)} with D = d + 1; here z = Zᵀ is (B, n+1, D) with
+the query last, so the update reads z ← z + z Qᵀ (cᵀc / n) Pᵀ with c = z[:, :n] the context rows
+(M removes the query as a source, there is no causal mask). This is O(n·D²) per prompt by
+associativity; no (n+1)×(n+1) score matrix is formed. P and Q keep the paper's orientation.
+
+The ReLU variant of Thm 5 (Sec. 6), Z ← Z + (1/n) P Z M σ(ZᵀQZ), must form the scores.
+
+Parameter patterns (the paper's names):
+
+* ``full``              P, Q ∈ R^{D×D} free (Thm 1).
+* ``sparse``            P = e_D e_Dᵀ, Q = −[[A, 0], [0, 0]] (eq. 8; Lemma 1, Thm 3).
+* ``sparse_symmetric``  eq. (8) with A symmetric (Thm 2).
+* ``pattern11``         P = [[B, 0], [0, 1]], Q = [[A, 0], [0, 0]] (eq. 11; Thm 4). No minus sign.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from iclab.core.episode import Episode
+from iclab.core.errors import ShapeError, require
+
+Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
+PATTERNS = ("full", "sparse", "sparse_symmetric", "pattern11")
+Activation = Literal["linear", "relu"]
+ACTIVATIONS = ("linear", "relu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearTransformerConfig:
+    d: int = 5  # input dimension; tokens are D = d + 1 wide (label last)
+    n_layers: int = 3
+    n_heads: int = 1
+    pattern: Pattern = "full"
+    activation: Activation = "linear"
+    init_std: float = 1e-4  # the authors' code: N(0, 1e-4²) for every free entry
+
+    def __post_init__(self) -> None:
+        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
+        require(self, "n_layers", isinstance(self.n_layers, int) and self.n_layers >= 1, "an int >= 1")
+        require(self, "n_heads", isinstance(self.n_heads, int) and self.n_heads >= 1, "an int >= 1")
+        require(self, "pattern", self.pattern in PATTERNS, f"one of {PATTERNS}")
+        require(self, "activation", self.activation in ACTIVATIONS, f"one of {ACTIVATIONS}")
+        require(self, "init_std", self.init_std >= 0, "a float >= 0")
+
+
+class LinearAttention(nn.Module):
+    """One residual attention layer z ← z + (1/n) Σ_h attn_h(z), H heads, paper eq. (3)-(4).
+
+    ``P`` and ``Q`` are (H, D, D) in the paper's orientation, derived from the pattern's free
+    parameters (``A``, ``B`` of shape (H, d, d) for the structured patterns).
+    """
+
+    def __init__(
+        self,
+        d: int,
+        *,
+        n_heads: int = 1,
+        pattern: Pattern = "full",
+        activation: Activation = "linear",
+        init_std: float = 1e-4,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        require("LinearAttention", "pattern", pattern in PATTERNS, f"one of {PATTERNS}", pattern)
+        require("LinearAttention", "activation", activation in ACTIVATIONS, f"one of {ACTIVATIONS}", activation)
+        self.d, self.D, self.n_heads = d, d + 1, n_heads
+        self.pattern, self.activation = pattern, activation
+
+        def param(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(n_heads, *shape, generator=generator) * init_std)
+
+        if pattern == "full":
+            self.P_free, self.Q_free = param(self.D, self.D), param(self.D, self.D)
+        else:
+            self.A_free = param(d, d)
+        if pattern == "pattern11":
+            self.B_free = param(d, d)
+
+    # --- the paper's matrices, derived from the free parameters -------------------------
+    @property
+    def A(self) -> Tensor:
+        """(H, d, d): the A block of eq. (8) / (11) (top-left of −Q for eq. 8, of Q for eq. 11)."""
+        if self.pattern == "full":
+            raise AttributeError("pattern 'full' has no A block; use .Q")
+        return (self.A_free + self.A_free.transpose(-1, -2)) / 2 if self.pattern == "sparse_symmetric" else self.A_free
+
+    @property
+    def B(self) -> Tensor:
+        """(H, d, d): the B block of eq. (11)."""
+        if self.pattern != "pattern11":
+            raise AttributeError(f"pattern {self.pattern!r} has no B block")
+        return self.B_free
+
+    @property
+    def P(self) -> Tensor:
+        """(H, D, D) value/projection matrix in the paper's orientation."""
+        if self.pattern == "full":
+            return self.P_free
+        ref = self.A_free
+        P = torch.zeros(self.n_heads, self.D, self.D, dtype=ref.dtype, device=ref.device)
+        P[:, -1, -1] = 1.0
+        if self.pattern == "pattern11":
+            P[:, : self.d, : self.d] = self.B_free
+        return P
+
+    @property
+    def Q(self) -> Tensor:
+        """(H, D, D) key-query matrix (Q = W_kᵀ W_q) in the paper's orientation."""
+        if self.pattern == "full":
+            return self.Q_free
+        A = self.A
+        Q = torch.zeros(self.n_heads, self.D, self.D, dtype=A.dtype, device=A.device)
+        Q[:, : self.d, : self.d] = A if self.pattern == "pattern11" else -A
+        return Q
+
+    @property
+    def label_only(self) -> bool:
+        """True when only the label column moves (eq. 8: P = e_D e_Dᵀ, linear scores)."""
+        return self.activation == "linear" and self.pattern in ("sparse", "sparse_symmetric")
+
+    def label_update(self, x: Tensor, y: Tensor, n: int) -> Tensor:
+        """The eq.-(8) layer on the label column alone: y_j ← y_j − x_jᵀ (Σ_h A_hᵀ) v, v = Xᵀy/n.
+
+        (B, T, d), (B, T) -> (B, T). The x rows never change under eq. (8) (App. C.1), so this is
+        the full layer in O(n·d) instead of O(n·D²), with the same numbers as :meth:`forward`.
+        """
+        if not self.label_only:
+            raise ValueError(
+                f"label_update needs pattern 'sparse' or 'sparse_symmetric' with linear scores; got {self.pattern!r}/{self.activation!r}"
+            )
+        v = torch.einsum("bnd,bn->bd", x[:, :n], y[:, :n]) / n  # (B, d)
+        u = v @ self.A.sum(0)  # (B, d): Σ_h A_hᵀ v, as a row
+        return y - torch.einsum("btd,bd->bt", x, u)
+
+    def forward(self, z: Tensor, n: int) -> Tensor:
+        """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources; all T are targets."""
+        ctx = z[:, :n]  # (B, n, D)
+        if self.label_only:
+            x = z[..., :-1]  # (B, T, d)
+            return torch.cat([x, self.label_update(x, z[..., -1], n).unsqueeze(-1)], dim=-1)
+        P, Q = self.P, self.Q  # (H, D, D)
+        if self.activation == "linear":
+            g = ctx.transpose(1, 2) @ ctx / n  # (B, D, D): the paper's (1/n) Z M Zᵀ
+            # Σ_h Q_hᵀ g P_hᵀ, one (B, D, D) matrix; the update is z @ it.
+            m = torch.einsum("hji,bjk,hlk->bil", Q, g, P)  # (B, D, D)
+            return z + z @ m
+        scores = torch.einsum("bid,hde,bje->bhij", ctx, Q, z)  # (B, H, n, T): c_iᵀ Q_h z_j
+        vals = torch.einsum("bid,hed->bhie", ctx, P)  # (B, H, n, D): P_h c_i
+        return z + torch.einsum("bhij,bhie->bje", torch.relu(scores), vals) / n
+
+
+def embed(episode: Episode, query_label: Tensor | None = None) -> Tensor:
+    """The prompt Z_0ᵀ (eq. 1): rows [x_i, y_i] for the context, then [x_q, 0]. (B, n+1, d+1).
+
+    ``query_label`` fills the query's label slot instead of 0 (Lemma 5's Z̄_0).
+    """
+    if episode.y is None:
+        raise ValueError("embed needs a regression episode (float labels y); got a classification episode")
+    B = episode.batch_size
+    yq = torch.zeros(B, dtype=episode.dtype, device=episode.device) if query_label is None else query_label
+    ctx = torch.cat([episode.x, episode.y.unsqueeze(-1)], dim=-1)  # (B, n, d+1)
+    qry = torch.cat([episode.x_query, yq.unsqueeze(-1)], dim=-1).unsqueeze(1)  # (B, 1, d+1)
+    return torch.cat([ctx, qry], dim=1)
+
+
+class LinearTransformer(nn.Module):
+    """L residual linear-attention layers with the paper's read-out ŷ = −[Z_L]_{d+1, n+1} (eq. 4).
+
+    ``predict`` returns +ŷ. ``trace`` also returns every intermediate prompt.
+    """
+
+    def __init__(
+        self, config: LinearTransformerConfig | None = None, *, generator: torch.Generator | None = None
+    ) -> None:
+        super().__init__()
+        self.config = config = config or LinearTransformerConfig()
+        self.layers = nn.ModuleList(
+            LinearAttention(
+                config.d,
+                n_heads=config.n_heads,
+                pattern=config.pattern,
+                activation=config.activation,
+                init_std=config.init_std,
+                generator=generator,
+            )
+            for _ in range(config.n_layers)
+        )
+
+    def _check(self, episode: Episode) -> None:
+        if episode.y is None:
+            raise ValueError(
+                "LinearTransformer needs a regression episode (float labels y); got a classification episode"
+            )
+        if episode.d != self.config.d:
+            raise ShapeError(f"LinearTransformer was built for d={self.config.d}; got an episode with d={episode.d}")
+        dtype = self.layers[0].A_free.dtype if self.config.pattern != "full" else self.layers[0].P_free.dtype
+        if episode.dtype != dtype:
+            raise ShapeError(
+                f"LinearTransformer has {dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={dtype}))"
+            )
+
+    def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ)."""
+        self._check(episode)
+        z = embed(episode, query_label)
+        states = [z]
+        for layer in self.layers:
+            z = layer(z, episode.n)
+            states.append(z)
+        return -z[:, -1, -1], torch.stack(states)
+
+    def forward(self, episode: Episode) -> Tensor:
+        self._check(episode)
+        if all(layer.label_only for layer in self.layers):  # eq. (8): carry the label column only
+            x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
+            y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1), query label 0
+            for layer in self.layers:
+                y = layer.label_update(x, y, episode.n)
+            return -y[:, -1]
+        z = embed(episode)
+        for layer in self.layers:
+            z = layer(z, episode.n)
+        return -z[:, -1, -1]  # (B,) the paper reads out −[Z_L]_{d+1,n+1}
+
+    def predict(self, episode: Episode) -> Tensor:
+        """+ŷ for the query of every prompt, (B,)."""
+        return self(episode)
+
+    # --- the matrices theory talks about, stacked over layers ---------------------------
+    @property
+    def P(self) -> Tensor:
+        """(L, H, D, D)."""
+        return torch.stack([layer.P for layer in self.layers])
+
+    @property
+    def Q(self) -> Tensor:
+        """(L, H, D, D)."""
+        return torch.stack([layer.Q for layer in self.layers])
+
+    @property
+    def A(self) -> Tensor:
+        """(L, H, d, d): the A_ℓ of eq. (8) or (11)."""
+        return torch.stack([layer.A for layer in self.layers])
+
+    @property
+    def B(self) -> Tensor:
+        """(L, H, d, d): the B_ℓ of eq. (11)."""
+        return torch.stack([layer.B for layer in self.layers])
+
+    @torch.no_grad()
+    def load_matrices(self, **blocks: Tensor) -> LinearTransformer:
+        """Set the free parameters from stacked (L, H, ·, ·) or (L, ·, ·) tensors: ``P``/``Q`` for
+        ``full``, ``A`` (and ``B`` for ``pattern11``) otherwise. Returns self."""
+        names = {"full": ("P", "Q"), "pattern11": ("A", "B")}.get(self.config.pattern, ("A",))
+        require(
+            "LinearTransformer.load_matrices",
+            "blocks",
+            set(blocks) == set(names),
+            f"exactly {names} for pattern {self.config.pattern!r}",
+            sorted(blocks),
+        )
+        for name, value in blocks.items():
+            value = torch.as_tensor(value)
+            if value.dim() == 3:
+                value = value.unsqueeze(1).expand(-1, self.config.n_heads, -1, -1)
+            for layer, v in zip(self.layers, value, strict=True):
+                target = getattr(layer, f"{name}_free")
+                require(
+                    "LinearTransformer.load_matrices",
+                    name,
+                    v.shape == target.shape,
+                    f"shape (L, H, ...) = ({self.config.n_layers}, {tuple(target.shape)})",
+                    tuple(value.shape),
+                )
+                target.copy_(v)
+        return self

@@ -1,0 +1,268 @@
+"""One trainer for every model and task: seeded, resumable, logged.
+
+    result = train(model, functools.partial(task.sample, n=20), TrainConfig(steps=2000), out_dir="runs/x")
+
+Randomness is stateless per step: the batch used at step t comes from
+``generator(derive_seed(seed, "data", t0))`` with t0 the last resampling step, so an interrupted
+run resumes bit-for-bit from its last checkpoint without saving generator states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from torch import Tensor, nn
+
+from iclab.core.config import to_dict
+from iclab.core.episode import Episode
+from iclab.core.io import atomic_torch_save, atomic_write_text
+from iclab.core.seeding import derive_seed, generator
+from iclab.training.config import TrainConfig
+from iclab.training.optim import clip_gradients, lr_factor, make_optimizer
+
+Sampler = Callable[..., Episode]  # sample(batch, *, generator, dtype) -> Episode, e.g. partial(task.sample, n=20)
+LossFn = Callable[[nn.Module, Episode], Tensor]
+SnapshotFn = Callable[[nn.Module], dict[str, Tensor]]
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+
+
+def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
+    """Mean squared error of the query prediction, E(ŷ − y_q)² (Ahn et al. 2023, eq. 5/58)."""
+    return (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    history: list[dict[str, float]]  # one row per logged step: step, train_loss, lr[, test_loss]
+    snapshots: dict[str, Tensor] = field(default_factory=dict)  # name -> (S, ...) on CPU
+    snapshot_steps: list[int] = field(default_factory=list)
+    resumed_from: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def final_test_loss(self) -> float:
+        rows = [r for r in self.history if "test_loss" in r]
+        return rows[-1]["test_loss"] if rows else float("nan")
+
+    def curve(self, key: str) -> tuple[list[int], list[float]]:
+        rows = [r for r in self.history if key in r]
+        return [int(r["step"]) for r in rows], [r[key] for r in rows]
+
+
+class _Data:
+    """The batch for step t, deterministic in (seed, t)."""
+
+    def __init__(self, sample: Sampler, cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> None:
+        self.sample, self.cfg, self.device, self.dtype = sample, cfg, device, dtype
+        self._key: int | None = None
+        self._batch: Episode | None = None
+        self._fixed: Episode | None = None
+
+    def _draw(self, batch: int, *names: object) -> Episode:
+        ep = self.sample(batch, generator=generator(derive_seed(self.cfg.seed, *names), self.device), dtype=self.dtype)
+        return ep if ep.dtype == self.dtype else ep.to(dtype=self.dtype)
+
+    def at(self, step: int) -> Episode:
+        cfg = self.cfg
+        if cfg.train_size is not None:
+            if self._fixed is None:
+                self._fixed = self._draw(cfg.train_size, "train-set")
+            if cfg.batch_size == cfg.train_size:
+                return self._fixed
+            g = generator(derive_seed(cfg.seed, "minibatch", step), self.device)
+            idx = torch.randperm(cfg.train_size, generator=g, device=self.device)[: cfg.batch_size]
+            return self._fixed[idx]
+        key = 0 if cfg.resample_every == 0 else (step // cfg.resample_every) * cfg.resample_every
+        if key != self._key:
+            self._batch, self._key = self._draw(cfg.batch_size, "data", key), key
+        assert self._batch is not None
+        return self._batch
+
+
+@contextlib.contextmanager
+def _progress_bar(enabled: bool, shared: Progress | None) -> Iterator[Progress | None]:
+    if shared is not None or not enabled:
+        yield shared
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        transient=True,
+    )
+    with bar:
+        yield bar
+
+
+def train(
+    model: nn.Module,
+    sample: Sampler,
+    config: TrainConfig,
+    *,
+    out_dir: str | Path | None = None,
+    device: torch.device | str = "cpu",
+    loss_fn: LossFn = mse_loss,
+    test_episode: Episode | None = None,
+    snapshot_fn: SnapshotFn | None = None,
+    progress: Progress | None = None,
+    description: str = "train",
+) -> TrainResult:
+    """Train ``model`` in place on batches from ``sample`` and return its history.
+
+    With ``out_dir`` the run checkpoints there every ``config.checkpoint_every`` steps (atomic
+    writes) and resumes from the last checkpoint if one exists for the same config; a finished
+    run is loaded, not retrained. Metrics go to ``metrics.jsonl`` (and TensorBoard under ``tb/``
+    when ``config.tensorboard``). ``snapshot_fn(model)`` is recorded every
+    ``config.snapshot_every`` steps, at step 0 and at the end.
+    """
+    cfg = config
+    device = torch.device(device)
+    dtype = getattr(torch, cfg.dtype)
+    model.to(device=device, dtype=dtype)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError(f"{type(model).__name__} has no trainable parameters")
+    opt = make_optimizer(params, cfg)
+    data = _Data(sample, cfg, device, dtype)
+    test = (test_episode if test_episode is not None else data._draw(cfg.eval_batch, "test")).to(
+        device=device, dtype=dtype
+    )
+
+    out = Path(out_dir) if out_dir is not None else None
+    history: list[dict[str, float]] = []
+    snaps: dict[str, list[Tensor]] = {}
+    snap_steps: list[int] = []
+    start, resumed = 0, None
+    cfg_dict = to_dict(cfg)
+    if out is not None and (out / CHECKPOINT).is_file():
+        ck = torch.load(out / CHECKPOINT, map_location=device, weights_only=False)
+        if ck.get("config") == cfg_dict:
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["optimizer"])
+            history, snap_steps, start = ck["history"], ck["snapshot_steps"], ck["step"]
+            snaps = {k: list(v.unbind(0)) for k, v in ck["snapshots"].items()}
+            resumed = start
+            if ck.get("finished"):
+                return TrainResult(model, history, _stack(snaps), snap_steps, resumed, ck.get("seconds", 0.0))
+
+    writer = None
+    if out is not None and cfg.tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"), purge_step=start if start else None)
+
+    def record_snapshot(step: int) -> None:
+        if snapshot_fn is None or (snap_steps and snap_steps[-1] == step):
+            return
+        with torch.no_grad():
+            for k, v in snapshot_fn(model).items():
+                snaps.setdefault(k, []).append(v.detach().to("cpu", torch.float64).clone())
+        snap_steps.append(step)
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        return float(loss_fn(model, test))
+
+    def save(step: int, finished: bool, seconds: float) -> None:
+        if out is None:
+            return
+        state = {
+            "config": cfg_dict,
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "step": step,
+            "history": history,
+            "snapshots": _stack(snaps),
+            "snapshot_steps": snap_steps,
+            "finished": finished,
+            "seconds": seconds,
+        }
+        atomic_torch_save(out / CHECKPOINT, state)
+        atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+
+    t0 = time.perf_counter()
+    if start == 0:
+        record_snapshot(0)
+    with _progress_bar(cfg.progress, progress) as bar:
+        task_id = bar.add_task(description, total=cfg.steps, completed=start) if bar is not None else None
+        for step in range(start, cfg.steps):
+            lr = cfg.lr * lr_factor(step, cfg)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            batch = data.at(step)
+            if cfg.optimizer == "lbfgs":
+
+                def closure(batch: Episode = batch) -> Tensor:
+                    opt.zero_grad(set_to_none=True)
+                    loss = loss_fn(model, batch)
+                    loss.backward()
+                    if cfg.clip is not None:
+                        clip_gradients(params, cfg.clip, cfg.clip_mode)
+                    return loss
+
+                loss = opt.step(closure)  # type: ignore[arg-type]
+            else:
+                opt.zero_grad(set_to_none=True)
+                loss = loss_fn(model, batch)
+                loss.backward()
+                if cfg.clip is not None:
+                    clip_gradients(params, cfg.clip, cfg.clip_mode)
+                opt.step()
+            done = step + 1
+            row: dict[str, float] | None = None
+            log_now = step % cfg.log_every == 0 or done == cfg.steps
+            eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or done == cfg.steps
+            if log_now or eval_now:  # the only host sync of a step
+                row = {"step": float(step), "train_loss": float(loss.detach()), "lr": lr}
+            if eval_now and row is not None:
+                row["test_loss"] = evaluate()
+            if row is not None:
+                if not all(torch.isfinite(torch.tensor(v)) for v in row.values()):
+                    save(step, False, time.perf_counter() - t0)
+                    raise FloatingPointError(
+                        f"{description}: non-finite loss at step {step}: {row}; lower lr or enable clip"
+                    )
+                history.append(row)
+                if writer is not None:
+                    for k, v in row.items():
+                        if k != "step":
+                            writer.add_scalar(k, v, step)
+                if bar is not None and task_id is not None:
+                    bar.update(task_id, description=f"{description} loss={row['train_loss']:.4g}")
+            if cfg.snapshot_every and done % cfg.snapshot_every == 0:
+                record_snapshot(done)
+            if bar is not None and task_id is not None:
+                bar.update(task_id, completed=done)
+            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                save(done, False, time.perf_counter() - t0)
+        if bar is not None and task_id is not None and progress is not None:
+            bar.remove_task(task_id)
+    record_snapshot(cfg.steps)
+    seconds = time.perf_counter() - t0
+    save(cfg.steps, True, seconds)
+    if writer is not None:
+        writer.close()
+    return TrainResult(model, history, _stack(snaps), snap_steps, resumed, seconds)
+
+
+def _stack(snaps: dict[str, list[Tensor]]) -> dict[str, Tensor]:
+    return {k: torch.stack(v) for k, v in snaps.items() if v}
+
+
+def load_history(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Rows of a run's ``metrics.jsonl``."""
+    path = Path(out_dir) / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

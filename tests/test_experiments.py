@@ -1,0 +1,70 @@
+"""Every registered experiment runs at its smoke preset and produces figures and claims."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from iclab import ConfigError
+from iclab.experiments import all_experiments, run_experiment
+from iclab.experiments.registry import PRESETS, check, select
+from iclab.experiments.runner import resolve_config
+from iclab.reporting.report import write_report
+
+NAMES = list(all_experiments())
+
+
+def test_registry_is_populated() -> None:
+    assert {
+        "ahn2023.fig1",
+        "ahn2023.fig3",
+        "ahn2023.fig6",
+        "ahn2023.fig7",
+        "ahn2023.theorem1",
+        "ahn2023.theorem5",
+    } <= set(NAMES)
+    for exp in all_experiments().values():
+        assert set(PRESETS) <= set(exp.presets)
+        for preset in PRESETS:
+            resolve_config(exp, preset)  # every preset is a valid config
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_smoke_preset(name: str, tmp_path) -> None:
+    res = run_experiment(name, "smoke", out=tmp_path)
+    assert res.figures and all(f.is_file() and f.stat().st_size > 1000 for f in res.figures)
+    assert res.claims, "every experiment checks at least one claim"
+    for c in res.claims:
+        assert isinstance(c.passed, bool) and c.name and c.expected
+        assert math.isfinite(float(c.measured))
+    saved = json.loads((res.out_dir / "claims.json").read_text())
+    assert [c["name"] for c in saved] == [c.name for c in res.claims]
+    again = run_experiment(name, "smoke", out=tmp_path)  # same config: reused, same claims
+    assert again.reused and again.out_dir == res.out_dir
+    assert [c.to_dict() for c in again.claims] == [c.to_dict() for c in res.claims]
+    report = write_report([res], tmp_path, preset="smoke")
+    text = report.read_text()
+    assert name in text and "| claim | passed |" in text
+
+
+def test_unknown_names_and_overrides() -> None:
+    with pytest.raises(ConfigError, match="unknown experiment 'ahn2023.fig9'; did you mean"):
+        run_experiment("ahn2023.fig9", "smoke")
+    with pytest.raises(ConfigError, match="preset must be one of"):
+        run_experiment("ahn2023.fig1", "fast")
+    with pytest.raises(ConfigError, match="unknown key 'ahn2023.fig1.stepz'; did you mean 'steps'"):
+        run_experiment("ahn2023.fig1", "smoke", overrides=["stepz=3"])
+    with pytest.raises(ConfigError, match="no experiment or paper named 'ahn2024'"):
+        select("ahn2024")
+    with pytest.raises(ConfigError, match="--seeds must be an int >= 1"):
+        run_experiment("ahn2023.fig1", "smoke", seeds=0)
+    assert {e.name for e in select("ahn2023")} >= {"ahn2023.fig1"}
+
+
+def test_check_helper() -> None:
+    assert check("x", 1.0, expected=1.05, rtol=0.1).passed
+    assert not check("x", 1.0, expected=1.5, rtol=0.1).passed
+    assert check("x", 0.5, lo=0.0, hi=1.0).passed and not check("x", 2.0, hi=1.0).passed
+    assert not check("x", float("nan"), hi=1.0).passed
