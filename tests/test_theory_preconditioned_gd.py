@@ -266,7 +266,8 @@ def test_theorem3_one_layer_optimum() -> None:
 
 def test_theorem3_optimum_loss_is_phi_on_the_same_draws() -> None:
     """The moment polynomial and the eigenvalue average are the same φ on the same draws (1e-10)."""
-    a, loss = theorem3_optimum(D, N, 3, samples=20_000, generator=generator(54))
+    given = wishart_trace_moments(D, N, 6, 20_000, generator=generator(54))  # MC moments, not the exact ones
+    a, loss = theorem3_optimum(D, N, 3, generator=generator(0), moments=given)
     eigs = wishart_eigenvalues(D, N, 20_000, generator=generator(54))
     assert sparse_scalar_loss(a, eigs) == pytest.approx(loss, rel=1e-10)
     assert sparse_scalar_loss(a.flip(0), eigs) == pytest.approx(loss, rel=1e-10)  # Lemma 4: order is irrelevant
@@ -526,6 +527,8 @@ def test_bad_inputs_raise_config_errors() -> None:
         wishart_eigenvalues(5, 20, 0, generator=generator(0))
     with pytest.raises(ConfigError, match=r"theorem3_optimum\.n must be an int >= 1"):
         theorem3_optimum(5, 0, 2, generator=generator(0))
+    with pytest.raises(ConfigError, match=r"theorem3_optimum\.moments must be a vector m_0\.\.m_k with k >= 2L = 4"):
+        theorem3_optimum(5, 20, 2, generator=generator(0), moments=torch.ones(4))
     with pytest.raises(ConfigError, match=r"best_constant_step\.bounds"):
         best_constant_step(lambda s: s * s, (1.0, 0.0))
     with pytest.raises(ConfigError, match=r"pattern11_model\.b must be a finite vector of length 2 or 3"):

@@ -37,12 +37,13 @@ def pgd(preconditioners: Tensor) -> LinearTransformer:
     return _build(cfg, g.dtype, A=g.transpose(-1, -2))
 
 
-def gd_plus_plus(step_sizes: Tensor, transforms: Tensor, preconditioner: Tensor | None = None) -> LinearTransformer:
+def gd_plus_plus(step_sizes: Tensor, transforms: Tensor, preconditioner: Tensor) -> LinearTransformer:
     """Thm 4 / eq. (11): A_ℓ = −η_ℓ Γ, B_ℓ = (γ_ℓ/η_ℓ) I implements :class:`~iclab.algorithms.GDPlusPlus`.
 
     Needs η_ℓ ≠ 0 wherever γ_ℓ ≠ 0 (B_ℓ multiplies A_ℓ in the feature update).
     """
-    eta, gam = torch.as_tensor(step_sizes), torch.as_tensor(transforms)
+    eta = torch.as_tensor(step_sizes, dtype=torch.float64 if not isinstance(step_sizes, Tensor) else None)
+    gam = torch.as_tensor(transforms, dtype=torch.float64 if not isinstance(transforms, Tensor) else None)
     require("constructions.gd_plus_plus", "step_sizes", eta.dim() == 1, "a 1-D tensor (L,)", tuple(eta.shape))
     require(
         "constructions.gd_plus_plus",
@@ -51,15 +52,15 @@ def gd_plus_plus(step_sizes: Tensor, transforms: Tensor, preconditioner: Tensor 
         "non-zero wherever the transform γ_ℓ is non-zero",
         eta.tolist(),
     )
-    d = preconditioner.shape[-1] if preconditioner is not None else None
+    g = torch.as_tensor(preconditioner)
     require(
         "constructions.gd_plus_plus",
         "preconditioner",
-        d is not None,
-        "a (d, d) tensor (pass torch.eye(d) for GD++)",
-        preconditioner,
+        g.dim() == 2 and g.shape[0] == g.shape[1],
+        "a (d, d) tensor (torch.eye(d) for GD++)",
+        tuple(g.shape),
     )
-    assert preconditioner is not None
+    preconditioner, d = g, g.shape[0]
     eye = torch.eye(d, dtype=preconditioner.dtype)
     A = -eta.to(preconditioner)[:, None, None] * preconditioner
     ratio = torch.where(eta != 0, gam / torch.where(eta != 0, eta, torch.ones_like(eta)), torch.zeros_like(eta))

@@ -78,6 +78,8 @@ class LinearAttention(nn.Module):
         self.pattern, self.activation = pattern, activation
 
         def param(*shape: int) -> nn.Parameter:
+            if init_std == 0:  # no draw from any random state
+                return nn.Parameter(torch.zeros(n_heads, *shape))
             return nn.Parameter(torch.randn(n_heads, *shape, generator=generator) * init_std)
 
         if pattern == "full":

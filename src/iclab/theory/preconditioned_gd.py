@@ -31,6 +31,8 @@ from iclab.core.numerics import dist_to_identity, is_psd, sym_inv_sqrt
 from iclab.models.linear_attention import LinearTransformer
 from iclab.tasks.base import Task
 from iclab.tasks.linear_regression import LinearRegression
+from iclab.theory.wishart import KMAX as WISHART_KMAX
+from iclab.theory.wishart import wishart_moments_exact
 
 F64 = torch.float64
 
@@ -256,23 +258,39 @@ def _poly_loss_and_grad(a: np.ndarray, moments: np.ndarray) -> tuple[float, np.n
 
 
 def theorem3_optimum(
-    d: int, n: int, L: int, *, samples: int = 200_000, generator: torch.Generator, starts: int = 8
+    d: int,
+    n: int,
+    L: int,
+    *,
+    samples: int = 200_000,
+    generator: torch.Generator,
+    starts: int = 8,
+    moments: Tensor | None = None,
 ) -> tuple[Tensor, float]:
     """The best point of S = {A_ℓ = a_ℓ Σ⁻¹} for L layers: (a sorted ascending (L,), φ(a)).
 
     Thm 3 (with the corollary of spec 002 §2.4: a stationary point of φ is a critical point of f).
-    φ is a polynomial in a whose coefficients are the Wishart moments m_k = E tr W^k, k ≤ 2L; they
-    are estimated once from ``samples`` draws of W (common random numbers for every a; the draws of
-    :func:`wishart_eigenvalues` with the same seed, so ``sparse_scalar_loss`` on those agrees), then
+    φ is a polynomial in a whose coefficients are the Wishart moments m_k = E tr W^k, k ≤ 2L; for
+    L ≤ 4 they are exact (:func:`iclab.theory.wishart.wishart_moments_exact`), beyond that they are
+    estimated once from ``samples`` draws of W (common random numbers for every a), then
     φ is minimised exactly by BFGS from ``starts`` starting points: the reciprocals of Chebyshev
     nodes on the Marchenko–Pastur support, then random reciprocals of points of that support.
-    n = 20, d = 5 gives 0.7692 / 1.1538, {0.5155, 1.2499} / 0.3607, {0.4229, 0.6898, 1.7153} /
-    0.1331 (spec §5.0); the values carry the Monte-Carlo error of the moments.
+    n = 20, d = 5 gives exactly 1.15385 (L = 1), 0.36124, 0.13361, 0.05495 (L = 2, 3, 4); the spec's
+    §5.0 table (0.3607, 0.1331, 0.0545) was minimised on the draws it reports, so biased low. ``moments``
+    (m_0..m_{≥2L}, e.g. exact ones) replaces the sampling; ``generator`` then only draws the starts.
     """
     owner = "theorem3_optimum"
     for field, value in (("d", d), ("n", n), ("L", L), ("samples", samples), ("starts", starts)):
         _check_int(owner, field, value)
-    moments = wishart_trace_moments(d, n, 2 * L, samples, generator=generator).cpu().numpy()
+    if moments is None:
+        exact = 2 * L <= WISHART_KMAX
+        moments = (
+            wishart_moments_exact(d, n, 2 * L)
+            if exact
+            else wishart_trace_moments(d, n, 2 * L, samples, generator=generator)
+        )
+    m = torch.as_tensor(moments).to(F64).reshape(-1).cpu().numpy()
+    require(owner, "moments", m.size >= 2 * L + 1, f"a vector m_0..m_k with k >= 2L = {2 * L}", tuple(m.shape))
     r = math.sqrt(d / n)
     lo, hi = max((1 - r) ** 2, 1e-2), (1 + r) ** 2  # support of the limiting spectrum (n >= d)
     k = np.arange(L)
@@ -282,9 +300,7 @@ def theorem3_optimum(
     inits += list(1 / (lo + (hi - lo) * u))
     best: tuple[float, np.ndarray] | None = None
     for x0 in inits:
-        res = optimize.minimize(
-            _poly_loss_and_grad, x0, args=(moments,), jac=True, method="BFGS", options={"gtol": 1e-12}
-        )
+        res = optimize.minimize(_poly_loss_and_grad, x0, args=(m,), jac=True, method="BFGS", options={"gtol": 1e-12})
         if best is None or res.fun < best[0]:
             best = (float(res.fun), res.x)
     assert best is not None
