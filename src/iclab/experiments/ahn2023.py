@@ -18,7 +18,7 @@ import torch
 from iclab import algorithms, constructions
 from iclab.core.numerics import dist_to_identity, sym_sqrt
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.common import LinearSetup, curve, make_task, train_model
+from iclab.experiments.common import LinearSetup, curve, make_task, seed_runs, train_model
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.reporting.figures import band, heatmap, save, subplots
 from iclab.theory import preconditioned_gd as th
@@ -46,21 +46,7 @@ def _sparse_reference(d: int, n: int, L: int, samples: int) -> dict[str, Any]:
 
 
 def run_fig1(cfg: Fig1Config, ctx: RunContext) -> dict[str, Any]:
-    runs = []
-    for s in range(cfg.seeds):
-        task = make_task(cfg, s, "inverse_covariance")
-        _, res = train_model(cfg, ctx, seed=s, task=task, pattern="sparse", name=f"seed{s}")
-        steps, loss = curve(res)
-        runs.append(
-            {
-                "seed": s,
-                "steps": steps,
-                "test_loss": loss,
-                "snap_steps": torch.tensor(res.snapshot_steps),
-                "A": res.snapshots["A"],
-                "Sigma": task.Sigma,
-            }
-        )
+    runs = seed_runs(cfg, ctx, pattern="sparse", weight_prior="inverse_covariance")
     return {"runs": runs, "reference": _sparse_reference(cfg.d, cfg.n, cfg.n_layers, cfg.reference_samples)}
 
 
@@ -220,23 +206,7 @@ class Fig3Config(LinearSetup):
 
 
 def run_fig3(cfg: Fig3Config, ctx: RunContext) -> dict[str, Any]:
-    runs = []
-    for s in range(cfg.seeds):
-        task = make_task(cfg, s, "inverse_covariance")
-        _, res = train_model(cfg, ctx, seed=s, task=task, pattern="pattern11", name=f"seed{s}")
-        steps, loss = curve(res)
-        runs.append(
-            {
-                "seed": s,
-                "steps": steps,
-                "test_loss": loss,
-                "snap_steps": torch.tensor(res.snapshot_steps),
-                "A": res.snapshots["A"],
-                "B": res.snapshots["B"],
-                "Sigma": task.Sigma,
-            }
-        )
-    return {"runs": runs}
+    return {"runs": seed_runs(cfg, ctx, pattern="pattern11", weight_prior="inverse_covariance")}
 
 
 def plot_fig3(results: dict[str, Any], cfg: Fig3Config, out: Path) -> list[Path]:
@@ -915,22 +885,8 @@ class Theorem2Config(LinearSetup):
 
 
 def run_theorem2(cfg: Theorem2Config, ctx: RunContext) -> dict[str, Any]:
-    runs = []
-    for s in range(cfg.seeds):
-        task = make_task(cfg, s, "identity")
-        _, res = train_model(cfg, ctx, seed=s, task=task, pattern="sparse_symmetric", name=f"seed{s}")
-        steps, loss = curve(res)
-        runs.append(
-            {
-                "seed": s,
-                "steps": steps,
-                "test_loss": loss,
-                "snap_steps": torch.tensor(res.snapshot_steps),
-                "A": res.snapshots["A"],
-            }
-        )
-    ref = _sparse_reference(cfg.d, cfg.n, cfg.n_layers, 200_000)  # exact moments for L <= 4
-    return {"runs": runs, "reference": ref}
+    runs = seed_runs(cfg, ctx, pattern="sparse_symmetric", weight_prior="identity")
+    return {"runs": runs, "reference": _sparse_reference(cfg.d, cfg.n, cfg.n_layers, 200_000)}  # exact for L <= 4
 
 
 def _offdiag_ratio(A: torch.Tensor) -> torch.Tensor:

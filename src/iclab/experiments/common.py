@@ -106,3 +106,26 @@ def _snapshot(model: LinearTransformer, pattern: Pattern) -> dict[str, Tensor]:
 def curve(result: TrainResult, key: str = "test_loss") -> tuple[Tensor, Tensor]:
     steps, values = result.curve(key)
     return torch.tensor(steps), torch.tensor(values, dtype=torch.float64)
+
+
+def seed_runs(
+    setup: LinearSetup, ctx: RunContext, *, pattern: Pattern, weight_prior: WeightPrior
+) -> list[dict[str, object]]:
+    """Train one model per seed (each on its own Σ) and collect what the figures plot: the test-loss
+    curve, the parameter snapshots (``A``, ``B``, ... stacked over snapshot steps) and Σ."""
+    runs: list[dict[str, object]] = []
+    for s in range(setup.seeds):
+        task = make_task(setup, s, weight_prior)
+        _, res = train_model(setup, ctx, seed=s, task=task, pattern=pattern, name=f"seed{s}")
+        steps, loss = curve(res)
+        runs.append(
+            {
+                "seed": s,
+                "steps": steps,
+                "test_loss": loss,
+                "snap_steps": torch.tensor(res.snapshot_steps),
+                **res.snapshots,
+                "Sigma": task.Sigma,
+            }
+        )
+    return runs
