@@ -23,6 +23,9 @@ from iclab.experiments.registry import ClaimResult, Experiment, RunContext, chec
 from iclab.reporting.figures import band, heatmap, save, subplots
 from iclab.theory import preconditioned_gd as th
 
+#: The training part of every smoke preset: seconds, checks only that everything runs.
+SMOKE = dict(seeds=1, steps=20, batch_size=256, eval_batch=256, eval_every=10)
+
 # --------------------------------------------------------------------------------------------
 # Figures 1 and 2: pattern (8), Theorem 3
 
@@ -148,16 +151,7 @@ FIG1 = register(
         config=Fig1Config,
         presets={
             "smoke": dict(
-                seeds=1,
-                steps=20,
-                batch_size=256,
-                eval_batch=256,
-                snapshot_every=10,
-                eval_every=10,
-                reference_samples=2000,
-                final_loss_rtol=10.0,
-                dist_tol=1.0,
-                scalar_rtol=10.0,
+                **SMOKE, snapshot_every=10, reference_samples=2000, final_loss_rtol=10.0, dist_tol=1.0, scalar_rtol=10.0
             ),
             # quick: Adam β = (0.9, 0.999), lr 0.05, cosine, 2000 steps of 4000 prompts reaches the S-optimum
             # that the paper's AdamW β = (0.99, 0.9) schedule needs ~30k steps of 20 000 prompts for.
@@ -432,16 +426,7 @@ THEOREM1 = register(
         title="Thm 1: one layer of linear attention learns the preconditioner Γ⋆ = ((n+1)/n Σ + tr(Σ)/n I)⁻¹",
         config=Theorem1Config,
         presets={
-            "smoke": dict(
-                ns=(5,),
-                seeds=1,
-                steps=20,
-                batch_size=256,
-                eval_batch=256,
-                eval_every=10,
-                loss_rtol=100.0,
-                gamma_rtol=100.0,
-            ),
+            "smoke": dict(**SMOKE, ns=(5,), loss_rtol=100.0, gamma_rtol=100.0),
             "quick": dict(
                 ns=(5, 20),
                 seeds=1,
@@ -966,16 +951,7 @@ THEOREM2 = register(
         title="Thm 2: two symmetric eq.-(8) layers on isotropic data learn diagonal (in fact scalar) preconditioners",
         config=Theorem2Config,
         presets={
-            "smoke": dict(
-                seeds=1,
-                steps=20,
-                batch_size=256,
-                eval_batch=256,
-                eval_every=10,
-                snapshot_every=10,
-                loss_rtol=10.0,
-                diag_tol=1.0,
-            ),
+            "smoke": dict(**SMOKE, snapshot_every=10, loss_rtol=10.0, diag_tol=1.0),
             "quick": dict(
                 seeds=2, steps=1500, batch_size=4000, snapshot_every=50, eval_every=50, loss_rtol=0.03, diag_tol=0.08
             ),
