@@ -12,14 +12,7 @@ from torch import Tensor
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require
-
-
-def _as_stack(owner: str, field: str, value: Tensor | float | list[float], d: int | None = None) -> Tensor:
-    t = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)  # exact in float64
-    if t.dim() == 0:
-        t = t.reshape(1)
-    require(owner, field, t.dim() == 1 and t.numel() >= 1, "a non-empty 1-D tensor of per-step values", tuple(t.shape))
-    return t
+from iclab.core.numerics import as_vector
 
 
 def _regression(owner: str, episode: Episode) -> tuple[Tensor, Tensor]:
@@ -80,13 +73,13 @@ class PGD:
 
 def pgd(preconditioner: Tensor, step_sizes: Tensor | list[float]) -> PGD:
     """PGD with one fixed preconditioner Γ and per-step scalars: Γ_ℓ = η_ℓ Γ."""
-    steps = _as_stack("pgd", "step_sizes", step_sizes)
+    steps = as_vector("pgd", "step_sizes", step_sizes)
     return PGD(preconditioners=steps.to(preconditioner)[:, None, None] * preconditioner)
 
 
 def gd(step_sizes: Tensor | list[float], d: int) -> PGD:
     """Plain GD is PGD with scalar preconditioners Γ_ℓ = η_ℓ I (Ahn et al. 2023, Lemma 1, eq. 9)."""
-    steps = _as_stack("gd", "step_sizes", step_sizes)
+    steps = as_vector("gd", "step_sizes", step_sizes)
     return pgd(torch.eye(d, dtype=steps.dtype), steps)
 
 
@@ -110,9 +103,8 @@ class GDPlusPlus:
     preconditioner: Tensor | None = None  # (d, d) Γ
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "step_sizes", _as_stack("GDPlusPlus", "step_sizes", self.step_sizes))
-        object.__setattr__(self, "transforms", _as_stack("GDPlusPlus", "transforms", self.transforms))
-        require(self, "step_sizes", self.step_sizes.dim() == 1, "a 1-D tensor (L,)", tuple(self.step_sizes.shape))
+        object.__setattr__(self, "step_sizes", as_vector("GDPlusPlus", "step_sizes", self.step_sizes))
+        object.__setattr__(self, "transforms", as_vector("GDPlusPlus", "transforms", self.transforms))
         require(
             self,
             "transforms",

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.errors import require
+from iclab.core.numerics import as_vector
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
 
 
@@ -42,9 +43,8 @@ def gd_plus_plus(step_sizes: Tensor, transforms: Tensor, preconditioner: Tensor)
 
     Needs η_ℓ ≠ 0 wherever γ_ℓ ≠ 0 (B_ℓ multiplies A_ℓ in the feature update).
     """
-    eta = torch.as_tensor(step_sizes, dtype=torch.float64 if not isinstance(step_sizes, Tensor) else None)
-    gam = torch.as_tensor(transforms, dtype=torch.float64 if not isinstance(transforms, Tensor) else None)
-    require("constructions.gd_plus_plus", "step_sizes", eta.dim() == 1, "a 1-D tensor (L,)", tuple(eta.shape))
+    eta = as_vector("constructions.gd_plus_plus", "step_sizes", step_sizes)
+    gam = as_vector("constructions.gd_plus_plus", "transforms", transforms)
     require(
         "constructions.gd_plus_plus",
         "step_sizes",

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+
+from iclab.core.errors import require
+
+
+def as_vector(owner: str, field: str, value: Tensor | float | Sequence[float]) -> Tensor:
+    """A non-empty 1-D tensor of per-step values; Python numbers become float64 exactly (no float32
+    rounding of 0.1), tensors keep their dtype, a scalar becomes shape (1,)."""
+    t = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
+    if t.dim() == 0:
+        t = t.reshape(1)
+    require(owner, field, t.dim() == 1 and t.numel() >= 1, "a non-empty 1-D tensor of per-step values", tuple(t.shape))
+    return t
 
 
 def haar_orthogonal(

@@ -9,6 +9,7 @@ Reference numbers are derived in spec 002 §5.0 and recomputed by :mod:`iclab.th
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,26 @@ def run_fig1(cfg: Fig1Config, ctx: RunContext) -> dict[str, Any]:
     return {"runs": runs, "reference": _sparse_reference(cfg.d, cfg.n, cfg.n_layers, cfg.reference_samples)}
 
 
+def _log_loss_panel(
+    ax: Any, runs: list[dict[str, Any]], title: str, reference: float | None = None, label: str = ""
+) -> None:
+    """Mean ± std over runs of the log test loss, with a dashed reference loss if given."""
+    band(
+        ax,
+        runs[0]["steps"].numpy(),
+        torch.stack([r["test_loss"] for r in runs]),
+        log=True,
+        color="k",
+        label="test loss",
+    )
+    if reference is not None:
+        ax.axhline(math.log(reference), ls="--", color="tab:green", label=label)
+        ax.legend(fontsize=7)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("log(loss)")
+    ax.set_title(title)
+
+
 def _dist_curves(run: dict[str, Any], key: str = "A") -> tuple[torch.Tensor, torch.Tensor]:
     A = run[key]  # (S, L, d, d)
     return dist_to_identity(A), dist_to_identity(_sigma_conj(A, run["Sigma"]))
@@ -73,25 +94,7 @@ def plot_fig1(results: dict[str, Any], cfg: Fig1Config, out: Path) -> list[Path]
         ax.set_ylabel("distance to Id")
         ax.set_title(f"({'abc'[i] if i < 3 else i}) layer {i}")
         ax.legend(fontsize=7)
-    ax = axes[0, L]
-    band(
-        ax,
-        runs[0]["steps"].numpy(),
-        torch.stack([r["test_loss"] for r in runs]),
-        log=True,
-        color="k",
-        label="test loss",
-    )
-    ax.axhline(
-        torch.log(torch.tensor(results["reference"]["loss"])).item(),
-        ls="--",
-        color="tab:green",
-        label="Thm 3 S-optimum",
-    )
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("log(loss)")
-    ax.set_title("(d) in-context loss")
-    ax.legend(fontsize=7)
+    _log_loss_panel(axes[0, L], runs, "(d) in-context loss", results["reference"]["loss"], "Thm 3 S-optimum")
     f1 = save(fig, out / "fig1.png")
     fig, axes = subplots(1, L, size=(2.6, 2.6))
     final = _sigma_conj(runs[0]["A"][-1], runs[0]["Sigma"])
@@ -214,11 +217,7 @@ def plot_fig3(results: dict[str, Any], cfg: Fig3Config, out: Path) -> list[Path]
         axes[0, i].set_ylim(0, 1.02)
         axes[0, i].set_title(f"({'ab'[i] if i < 2 else i}) Dist(B_{i}, I)")
         axes[0, i].set_xlabel("iteration")
-    ax = axes[0, L - 1]
-    band(ax, runs[0]["steps"].numpy(), torch.stack([r["test_loss"] for r in runs]), log=True, color="k")
-    ax.set_yscale("linear")
-    ax.set_title("(c) log in-context loss")
-    ax.set_xlabel("iteration")
+    _log_loss_panel(axes[0, L - 1], runs, "(c) log in-context loss")
     for i in range(L):
         ax = axes[1, i]
         band(ax, x, torch.stack([dist_to_identity(r["A"][:, i]) for r in runs]), label=f"A_{i}", color="tab:red")
@@ -738,7 +737,6 @@ def run_fig7(cfg: Fig7Config, ctx: RunContext) -> dict[str, Any]:
 
 
 def plot_fig7(results: dict[str, Any], cfg: Fig7Config, out: Path) -> list[Path]:
-    import math
 
     rows = results["rows"]
     fig, axes = subplots(1, 1, size=(4.4, 3.2))
@@ -759,7 +757,6 @@ def plot_fig7(results: dict[str, Any], cfg: Fig7Config, out: Path) -> list[Path]
 
 
 def claims_fig7(results: dict[str, Any], cfg: Fig7Config) -> list[ClaimResult]:
-    import math
 
     rows, sp = results["rows"], results["sparse_optimum"]
     tf, pgd, gd = (_mean_by(rows, k, "L") for k in ("tf", "pgd", "gd"))
@@ -898,16 +895,7 @@ def plot_theorem2(results: dict[str, Any], cfg: Theorem2Config, out: Path) -> li
         ax.set_title(f"layer {i}")
         ax.set_xlabel("iteration")
         ax.legend(fontsize=7)
-    ax = axes[0, L]
-    band(ax, runs[0]["steps"].numpy(), torch.stack([r["test_loss"] for r in runs]), log=True, color="k")
-    ax.axhline(
-        torch.log(torch.tensor(results["reference"]["loss"])).item(),
-        ls="--",
-        color="tab:green",
-        label="best scalar A_ℓ = a_ℓ I",
-    )
-    ax.set_title("log loss")
-    ax.legend(fontsize=7)
+    _log_loss_panel(axes[0, L], runs, "log loss", results["reference"]["loss"], "best scalar A_ℓ = a_ℓ I")
     return [save(fig, out / "theorem2.png")]
 
 
