@@ -9,7 +9,9 @@ declaration has to be removed.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,6 +65,16 @@ LEARNERS: dict[str, Factory] = {
     "construction-one_layer": lambda: constructions.one_layer(_preconditioners(1, seed=8)[0]),
     "construction-one_layer-relu": lambda: constructions.one_layer(_preconditioners(1, seed=9)[0], activation="relu"),
 }
+# Later systems add their learners from ``tests/contract_<family>.py`` modules, each defining
+# ``LEARNERS`` (factories for d = D inputs) and optionally ``KNOWN_LIMITS`` in the same form.
+_EXTRA_LIMITS: dict[tuple[str, str], str] = {}
+for _path in sorted(Path(__file__).parent.glob("contract_*.py")):
+    _mod = importlib.import_module(_path.stem)
+    assert _mod.D == D, f"{_path.name} must build learners for d = {D}"
+    _clash = set(_mod.LEARNERS) & set(LEARNERS)
+    assert not _clash, f"{_path.name} redefines learners {_clash}"
+    LEARNERS.update(_mod.LEARNERS)
+    _EXTRA_LIMITS.update(getattr(_mod, "KNOWN_LIMITS", {}))
 MODULES = [name for name, make in LEARNERS.items() if isinstance(make(), nn.Module)]
 
 
@@ -207,6 +219,7 @@ KNOWN_LIMITS: dict[tuple[str, str], str] = {
         "per-prompt preconditioners (L, B, d, d) belong to the B prompts they were built for; "
         "a sub-batch of another size cannot be paired with them"
     ),
+    **_EXTRA_LIMITS,
 }
 
 

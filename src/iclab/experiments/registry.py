@@ -115,8 +115,19 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
+_INFRASTRUCTURE = {"registry", "runner", "common"}
+
+
 def _load_all() -> None:
-    from iclab.experiments import ahn2023  # noqa: F401  (registers on import)
+    """Import every paper module in ``iclab.experiments`` (each registers its specs on import)."""
+    import importlib
+    import pkgutil
+
+    import iclab.experiments as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name not in _INFRASTRUCTURE and not info.name.startswith("_"):
+            importlib.import_module(f"iclab.experiments.{info.name}")
 
 
 def all_experiments() -> dict[str, Experiment]:
