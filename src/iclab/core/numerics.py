@@ -10,13 +10,17 @@ from torch import Tensor
 from iclab.core.errors import require
 
 
-def as_vector(owner: str, field: str, value: Tensor | float | Sequence[float]) -> Tensor:
-    """A non-empty 1-D tensor of per-step values; Python numbers become float64 exactly (no float32
-    rounding of 0.1), tensors keep their dtype, a scalar becomes shape (1,)."""
+def as_vector(owner: str, field: str, value: Tensor | float | Sequence[float], *, length: int | None = None) -> Tensor:
+    """A non-empty, finite 1-D tensor of per-step values; Python numbers become float64 exactly (no
+    float32 rounding of 0.1), tensors keep their dtype, a scalar becomes shape (1,). With ``length``,
+    exactly that many entries."""
     t = value if isinstance(value, Tensor) else torch.as_tensor(value, dtype=torch.float64)
     if t.dim() == 0:
         t = t.reshape(1)
-    require(owner, field, t.dim() == 1 and t.numel() >= 1, "a non-empty 1-D tensor of per-step values", tuple(t.shape))
+    want = "a non-empty 1-D tensor of per-step values" + ("" if length is None else f" of length {length}")
+    ok = t.dim() == 1 and t.numel() >= 1 and (length is None or t.numel() == length)
+    require(owner, field, ok, want, tuple(t.shape))
+    require(owner, field, bool(torch.isfinite(t).all()), "finite values", t.tolist())
     return t
 
 

@@ -864,6 +864,7 @@ class Theorem2Config(LinearSetup):
     init_std: float = 0.1  # a random symmetric start, so "diagonal" is learned, not inherited
     loss_rtol: float = 0.02
     diag_tol: float = 0.05
+    scalar_rtol: float = 0.05  # sorted mean diagonals vs the Thm-3 step sizes a_i
 
 
 def run_theorem2(cfg: Theorem2Config, ctx: RunContext) -> dict[str, Any]:
@@ -927,7 +928,7 @@ def claims_theorem2(results: dict[str, Any], cfg: Theorem2Config) -> list[ClaimR
         check(
             "step_sizes_match",
             ((scal - ref["a"]).abs() / ref["a"]).max().item(),
-            hi=0.05,
+            hi=cfg.scalar_rtol,
             detail=f"sorted mean diagonals {[round(v, 3) for v in scal.tolist()]} vs {[round(v, 3) for v in ref['a'].tolist()]}",
         ),
     ]

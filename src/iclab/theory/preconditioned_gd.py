@@ -27,7 +27,7 @@ from iclab.constructions.linear_attention import gd_plus_plus
 from iclab.core.episode import Episode
 from iclab.core.errors import require
 from iclab.core.learner import Learner
-from iclab.core.numerics import dist_to_identity, is_psd, sym_inv_sqrt
+from iclab.core.numerics import as_vector, dist_to_identity, is_psd, sym_inv_sqrt
 from iclab.models.linear_attention import LinearTransformer
 from iclab.tasks.base import Task
 from iclab.tasks.linear_regression import LinearRegression
@@ -58,13 +58,6 @@ def _psd(owner: str, field: str, m: Tensor | Sequence[Sequence[float]], d: int |
 def _noise(owner: str, noise_var: float) -> float:
     require(owner, "noise_var", float(noise_var) >= 0, "a float >= 0", noise_var)
     return float(noise_var)
-
-
-def _vector(owner: str, field: str, value: Tensor | Sequence[float] | float, length: int | None = None) -> Tensor:
-    t = torch.as_tensor(value).to(F64).reshape(-1)
-    ok = t.numel() >= 1 and (length is None or t.numel() == length) and bool(torch.isfinite(t).all())
-    require(owner, field, ok, "a finite non-empty vector" + ("" if length is None else f" of length {length}"), value)
-    return t
 
 
 # --- Theorem 1: one layer, x ~ N(0, Σ) ----------------------------------------------------------
@@ -215,7 +208,7 @@ def sparse_scalar_loss(a: Tensor | Sequence[float], eigs: Tensor) -> float:
     p(λ) = Π_ℓ (1 − a_ℓ λ); the expectation is the mean over ``eigs`` (S, d) from
     :func:`wishart_eigenvalues`. It does not depend on Σ; the order of the a_ℓ is irrelevant (Lemma 4).
     """
-    a = _vector("sparse_scalar_loss", "a", a).to(eigs.device)
+    a = as_vector("sparse_scalar_loss", "a", a).to(F64).to(eigs.device)
     require("sparse_scalar_loss", "eigs", eigs.dim() == 2, "a (samples, d) tensor", tuple(eigs.shape))
     p = torch.prod(1 - a[:, None, None] * eigs.to(F64), dim=0)  # (S, d)
     return float((p**2).sum(-1).mean())
@@ -420,7 +413,7 @@ def pattern11_model(a: Tensor | Sequence[float], b: Tensor | Sequence[float], Si
     :func:`iclab.constructions.gd_plus_plus` (η_ℓ = −a_ℓ, γ_ℓ = −a_ℓ b_ℓ, Γ = Σ⁻¹). Pass Σ = I
     for whitened coordinates.
     """
-    a = _vector("pattern11_model", "a", a)
+    a = as_vector("pattern11_model", "a", a).to(F64)
     L = a.numel()
     bt = torch.as_tensor(b).to(F64).reshape(-1)  # may be empty when L = 1
     ok = bt.numel() in (L - 1, L) and bool(torch.isfinite(bt).all())
