@@ -11,6 +11,19 @@ associativity; no (n+1)×(n+1) score matrix is formed. P and Q keep the paper's 
 
 The ReLU variant of Thm 5 (Sec. 6), Z ← Z + (1/n) P Z M σ(ZᵀQZ), must form the scores.
 
+Options for the multi-head attention of Zhang, Singh, Latham, Saxe 2025 (eq. M, S, 3; Fig. 5):
+
+* ``key_query='separate'``  Q_h = W_{K,h}ᵀ W_{Q,h} with W_K, W_Q ∈ R^{R×D} per head (rank R, eq. S);
+                            ``'merged'`` (default) keeps one free Q_h = W_h^{KQ} (eq. M).
+* ``activation='softmax'``  scores c_iᵀ Q_h z_j raw (ρ = 1, no 1/n), softmax over the sources for
+                            every target (:func:`iclab.core.kernels.gram`), as in the authors' code.
+* ``sources='all'``         the query is a source (key and value) too, as in the paper's X Xᵀ and the
+                            authors' code; ``'context'`` (default) is Ahn et al.'s mask M.
+* ``residual=False``        z ← attn(z) (the seed-001 code has no residual; ŷ_q is the same for linear
+                            scores because the query's label slot is 0).
+* ``zero_blocks=True``      at init, zero the value row's vector part and u_h (merged) / the scalar key
+                            entries (separate): the zero-block assumption of Zhang et al. Sec. 2.3-2.4.
+
 Parameter patterns (the paper's names):
 
 * ``full``              P, Q ∈ R^{D×D} free (Thm 1).
@@ -29,11 +42,19 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require
+from iclab.core.kernels import gram
 
 Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
 PATTERNS = ("full", "sparse", "sparse_symmetric", "pattern11")
-Activation = Literal["linear", "relu"]
-ACTIVATIONS = ("linear", "relu")
+Activation = Literal["linear", "relu", "softmax"]
+ACTIVATIONS = ("linear", "relu")  # the scores of Ahn et al. (their tests sweep this tuple)
+ALL_ACTIVATIONS = (*ACTIVATIONS, "softmax")  # + softmax scores (Zhang et al. 2025, Sec. 7)
+KeyQuery = Literal["merged", "separate"]
+KEY_QUERY = ("merged", "separate")
+Sources = Literal["context", "all"]
+SOURCES = ("context", "all")
+Readout = Literal["negative", "positive"]
+READOUTS = ("negative", "positive")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,21 +65,32 @@ class LinearTransformerConfig:
     pattern: Pattern = "full"
     activation: Activation = "linear"
     init_std: float = 1e-4  # the authors' code: N(0, 1e-4²) for every free entry
+    key_query: KeyQuery = "merged"  # 'separate': Q_h = W_Kᵀ W_Q of rank ``rank`` (pattern 'full' only)
+    rank: int | None = None  # separate key/query rank R; None means d + 1
+    sources: Sources = "context"  # 'all': the query is a source too (Zhang et al. 2025)
+    residual: bool = True
+    zero_blocks: bool = False  # Zhang et al. 2025 zero-block init (pattern 'full' only)
+    readout: Readout = "negative"  # Ahn et al. read −[Z_L]_{d+1,n+1}; Zhang et al. read +
 
     def __post_init__(self) -> None:
         require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
         require(self, "n_layers", isinstance(self.n_layers, int) and self.n_layers >= 1, "an int >= 1")
         require(self, "n_heads", isinstance(self.n_heads, int) and self.n_heads >= 1, "an int >= 1")
         require(self, "pattern", self.pattern in PATTERNS, f"one of {PATTERNS}")
-        require(self, "activation", self.activation in ACTIVATIONS, f"one of {ACTIVATIONS}")
+        require(self, "activation", self.activation in ALL_ACTIVATIONS, f"one of {ALL_ACTIVATIONS}")
         require(self, "init_std", self.init_std >= 0, "a float >= 0")
+        require(self, "key_query", self.key_query in KEY_QUERY, f"one of {KEY_QUERY}")
+        require(self, "rank", self.rank is None or (isinstance(self.rank, int) and self.rank >= 1), "None or >= 1")
+        require(self, "sources", self.sources in SOURCES, f"one of {SOURCES}")
+        require(self, "readout", self.readout in READOUTS, f"one of {READOUTS}")
 
 
 class LinearAttention(nn.Module):
     """One residual attention layer z ← z + (1/n) Σ_h attn_h(z), H heads, paper eq. (3)-(4).
 
     ``P`` and ``Q`` are (H, D, D) in the paper's orientation, derived from the pattern's free
-    parameters (``A``, ``B`` of shape (H, d, d) for the structured patterns).
+    parameters (``A``, ``B`` of shape (H, d, d) for the structured patterns; ``W_K``, ``W_Q`` of
+    shape (H, R, D) for ``key_query='separate'``).
     """
 
     def __init__(
@@ -70,24 +102,47 @@ class LinearAttention(nn.Module):
         activation: Activation = "linear",
         init_std: float = 1e-4,
         generator: torch.Generator | None = None,
+        key_query: KeyQuery = "merged",
+        rank: int | None = None,
+        sources: Sources = "context",
+        residual: bool = True,
+        zero_blocks: bool = False,
     ) -> None:
         super().__init__()
-        require("LinearAttention", "pattern", pattern in PATTERNS, f"one of {PATTERNS}", pattern)
-        require("LinearAttention", "activation", activation in ACTIVATIONS, f"one of {ACTIVATIONS}", activation)
+        owner = "LinearAttention"
+        require(owner, "pattern", pattern in PATTERNS, f"one of {PATTERNS}", pattern)
+        require(owner, "activation", activation in ALL_ACTIVATIONS, f"one of {ALL_ACTIVATIONS}", activation)
+        require(owner, "key_query", key_query in KEY_QUERY, f"one of {KEY_QUERY}", key_query)
+        require(owner, "sources", sources in SOURCES, f"one of {SOURCES}", sources)
+        require(owner, "rank", rank is None or (isinstance(rank, int) and rank >= 1), "None or an int >= 1", rank)
+        for name, value in (("key_query", key_query != "merged"), ("zero_blocks", zero_blocks)):
+            require(owner, name, not value or pattern == "full", "its default unless pattern='full'", pattern)
         self.d, self.D, self.n_heads = d, d + 1, n_heads
         self.pattern, self.activation = pattern, activation
+        self.key_query, self.sources, self.residual = key_query, sources, residual
+        self.rank = (d + 1 if rank is None else rank) if key_query == "separate" else None
 
         def param(*shape: int) -> nn.Parameter:
             if init_std == 0:  # no draw from any random state
                 return nn.Parameter(torch.zeros(n_heads, *shape))
             return nn.Parameter(torch.randn(n_heads, *shape, generator=generator) * init_std)
 
-        if pattern == "full":
+        if pattern == "full" and key_query == "separate":
+            self.P_free = param(self.D, self.D)
+            self.W_K_free, self.W_Q_free = param(self.rank, self.D), param(self.rank, self.D)
+        elif pattern == "full":
             self.P_free, self.Q_free = param(self.D, self.D), param(self.D, self.D)
         else:
             self.A_free = param(d, d)
         if pattern == "pattern11":
             self.B_free = param(d, d)
+        if zero_blocks:
+            with torch.no_grad():
+                self.P_free[:, -1, :d] = 0.0  # the vector part of the value row (v_i in App. D.1)
+                if key_query == "separate":
+                    self.W_K_free[:, :, -1] = 0.0  # the scalar key entries k_ir (App. F.1)
+                else:
+                    self.Q_free[:, -1, :d] = 0.0  # u_iᵀ, bottom-left of W^{KQ} (App. D.1)
 
     # --- the paper's matrices, derived from the free parameters -------------------------
     @property
@@ -110,26 +165,45 @@ class LinearAttention(nn.Module):
         if self.pattern == "full":
             return self.P_free
         ref = self.A_free
-        P = torch.zeros(self.n_heads, self.D, self.D, dtype=ref.dtype, device=ref.device)
-        P[:, -1, -1] = 1.0
+        corner = torch.zeros(self.D, self.D, dtype=ref.dtype, device=ref.device)
+        corner[-1, -1] = 1.0  # e_D e_Dᵀ; out of place below, so the module also works under vmap
         if self.pattern == "pattern11":
-            P[:, : self.d, : self.d] = self.B_free
-        return P
+            return torch.nn.functional.pad(self.B_free, (0, 1, 0, 1)) + corner
+        return corner.expand(self.n_heads, self.D, self.D)
+
+    @property
+    def W_K(self) -> Tensor:
+        """(H, R, D) key weights (``key_query='separate'``)."""
+        if self.key_query != "separate":
+            raise AttributeError("key_query 'merged' has no W_K; use .Q")
+        return self.W_K_free
+
+    @property
+    def W_Q(self) -> Tensor:
+        """(H, R, D) query weights (``key_query='separate'``)."""
+        if self.key_query != "separate":
+            raise AttributeError("key_query 'merged' has no W_Q; use .Q")
+        return self.W_Q_free
 
     @property
     def Q(self) -> Tensor:
         """(H, D, D) key-query matrix (Q = W_kᵀ W_q) in the paper's orientation."""
+        if self.key_query == "separate":
+            return torch.einsum("hri,hrj->hij", self.W_K_free, self.W_Q_free)  # Σ_r k_r q_rᵀ
         if self.pattern == "full":
             return self.Q_free
         A = self.A
-        Q = torch.zeros(self.n_heads, self.D, self.D, dtype=A.dtype, device=A.device)
-        Q[:, : self.d, : self.d] = A if self.pattern == "pattern11" else -A
-        return Q
+        return torch.nn.functional.pad(A if self.pattern == "pattern11" else -A, (0, 1, 0, 1))
 
     @property
     def label_only(self) -> bool:
         """True when only the label column moves (eq. 8: P = e_D e_Dᵀ, linear scores)."""
-        return self.activation == "linear" and self.pattern in ("sparse", "sparse_symmetric")
+        return (
+            self.activation == "linear"
+            and self.pattern in ("sparse", "sparse_symmetric")
+            and self.sources == "context"
+            and self.residual
+        )
 
     def label_update(self, x: Tensor, y: Tensor, n: int) -> Tensor:
         """The eq.-(8) layer on the label column alone: y_j ← y_j − x_jᵀ (Σ_h A_hᵀ) v, v = Xᵀy/n.
@@ -146,8 +220,9 @@ class LinearAttention(nn.Module):
         return y - torch.einsum("btd,bd->bt", x, u)
 
     def forward(self, z: Tensor, n: int) -> Tensor:
-        """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources; all T are targets."""
-        ctx = z[:, :n]  # (B, n, D)
+        """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources (all T with
+        ``sources='all'``); all T are targets. Linear and ReLU scores carry the 1/n factor."""
+        ctx = z[:, :n] if self.sources == "context" else z  # (B, m, D) sources
         if self.label_only:
             x = z[..., :-1]  # (B, T, d)
             return torch.cat([x, self.label_update(x, z[..., -1], n).unsqueeze(-1)], dim=-1)
@@ -156,10 +231,17 @@ class LinearAttention(nn.Module):
             g = ctx.transpose(1, 2) @ ctx / n  # (B, D, D): the paper's (1/n) Z M Zᵀ
             # Σ_h Q_hᵀ g P_hᵀ, one (B, D, D) matrix; the update is z @ it.
             m = torch.einsum("hji,bjk,hlk->bil", Q, g, P)  # (B, D, D)
-            return z + z @ m
-        scores = torch.einsum("bid,hde,bje->bhij", ctx, Q, z)  # (B, H, n, T): c_iᵀ Q_h z_j
-        vals = torch.einsum("bid,hed->bhie", ctx, P)  # (B, H, n, D): P_h c_i
-        return z + torch.einsum("bhij,bhie->bje", torch.relu(scores), vals) / n
+            return z + z @ m if self.residual else z @ m
+        vals = torch.einsum("bid,hed->bhie", ctx, P)  # (B, H, m, D): P_h c_i
+        if self.activation == "relu":
+            scores = torch.einsum("bid,hde,bje->bhij", ctx, Q, z)  # (B, H, m, T): c_iᵀ Q_h z_j
+            upd = torch.einsum("bhij,bhie->bje", torch.relu(scores), vals) / n
+        else:  # softmax over the sources, raw scores (ρ = 1), Zhang et al. 2025 Sec. 7
+            targets = torch.einsum("bje,hde->bhjd", z, Q)  # (B, H, T, D): rows (Q_h z_j)ᵀ
+            sources = ctx.unsqueeze(1).expand(-1, self.n_heads, -1, -1)  # (B, H, m, D)
+            weights = gram("softmax", sources, targets)  # (B, H, m, T), columns sum to 1
+            upd = torch.einsum("bhij,bhie->bje", weights, vals)
+        return z + upd if self.residual else upd
 
 
 def embed(episode: Episode, query_label: Tensor | None = None) -> Tensor:
@@ -195,6 +277,11 @@ class LinearTransformer(nn.Module):
                 activation=config.activation,
                 init_std=config.init_std,
                 generator=generator,
+                key_query=config.key_query,
+                rank=config.rank,
+                sources=config.sources,
+                residual=config.residual,
+                zero_blocks=config.zero_blocks,
             )
             for _ in range(config.n_layers)
         )
@@ -220,7 +307,7 @@ class LinearTransformer(nn.Module):
         for layer in self.layers:
             z = layer(z, episode.n)
             states.append(z)
-        return -z[:, -1, -1], torch.stack(states)
+        return self._read(z), torch.stack(states)
 
     def forward(self, episode: Episode) -> Tensor:
         self._check(episode)
@@ -229,11 +316,15 @@ class LinearTransformer(nn.Module):
             y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1), query label 0
             for layer in self.layers:
                 y = layer.label_update(x, y, episode.n)
-            return -y[:, -1]
+            return y[:, -1] if self.config.readout == "positive" else -y[:, -1]
         z = embed(episode)
         for layer in self.layers:
             z = layer(z, episode.n)
-        return -z[:, -1, -1]  # (B,) the paper reads out −[Z_L]_{d+1,n+1}
+        return self._read(z)
+
+    def _read(self, z: Tensor) -> Tensor:
+        """(B,) +ŷ: Ahn et al. read out −[Z_L]_{d+1,n+1}, Zhang et al. +[Z_L]_{d+1,n+1}."""
+        return z[:, -1, -1] if self.config.readout == "positive" else -z[:, -1, -1]
 
     def predict(self, episode: Episode) -> Tensor:
         """+ŷ for the query of every prompt, (B,)."""
@@ -265,6 +356,8 @@ class LinearTransformer(nn.Module):
         """Set the free parameters from stacked (L, H, ·, ·) or (L, ·, ·) tensors: ``P``/``Q`` for
         ``full``, ``A`` (and ``B`` for ``pattern11``) otherwise. Returns self."""
         names = {"full": ("P", "Q"), "pattern11": ("A", "B")}.get(self.config.pattern, ("A",))
+        if self.config.key_query == "separate":
+            names = ("P", "W_K", "W_Q")
         require(
             "LinearTransformer.load_matrices",
             "blocks",

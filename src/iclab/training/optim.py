@@ -48,6 +48,8 @@ def clip_gradients(params: Iterable[nn.Parameter], max_norm: float, mode: str) -
     ``per_matrix``: every (·, ·) block over a parameter's last two axes is clipped on its own
     (the authors' ``clip_and_step``: each [layer, head, P/Q] d×d block); vectors and scalars are
     clipped as one block. ``global``: one norm over all gradients (``clip_grad_norm_``).
+    Parameters flagged ``ensemble_axis`` (an :class:`~iclab.training.ensemble.Ensemble`'s stacked
+    weights) keep axis 0 as the member: the blocks are those of each member alone.
     """
     with_grad = [p for p in params if p.grad is not None]
     if mode == "global":
@@ -55,8 +57,9 @@ def clip_gradients(params: Iterable[nn.Parameter], max_norm: float, mode: str) -
         return
     for p in with_grad:
         g = p.grad
-        if g.dim() >= 2:
+        lead = 1 if getattr(p, "ensemble_axis", False) else 0
+        if g.dim() - lead >= 2:
             norms = torch.linalg.matrix_norm(g, keepdim=True)  # (..., 1, 1)
-        else:
-            norms = g.norm().reshape([1] * g.dim())
+        else:  # a vector or scalar (per member): one block
+            norms = g.norm(dim=tuple(range(lead, g.dim())), keepdim=True) if g.dim() > lead else g.abs()
         g.mul_((max_norm / norms.clamp_min(1e-30)).clamp(max=1.0))

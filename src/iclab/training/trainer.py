@@ -129,6 +129,9 @@ def train(
     ``config.snapshot_every`` steps, at step 0 and at the end.
     """
     cfg = config
+    check = getattr(model, "check_train_config", None)  # e.g. an Ensemble refuses L-BFGS, global clipping
+    if check is not None:
+        check(cfg)
     device = torch.device(device)
     dtype = getattr(torch, cfg.dtype)
     model.to(device=device, dtype=dtype)
