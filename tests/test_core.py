@@ -421,8 +421,8 @@ BAD_INPUTS = [
         r"\('full', 'sparse', 'sparse_symmetric', 'pattern11'\); got 'sparse8'$",
     ),
     (
-        lambda: models.LinearTransformerConfig(activation="softmax"),
-        r"LinearTransformerConfig\.activation must be one of \('linear', 'relu'\); got 'softmax'$",
+        lambda: models.LinearTransformerConfig(activation="gelu"),
+        r"LinearTransformerConfig\.activation must be one of \('linear', 'relu', 'softmax'\); got 'gelu'$",
     ),
     (
         lambda: models.LinearTransformerConfig(n_layers=0),

@@ -15,16 +15,33 @@ name          κ(s, t)                                      notes
 ============  ===========================================  ==========================================
 linear        sᵀt                                          Cheng et al. eq. (11); Ex. 1
 relu          max(sᵀt, 0)                                  eq. (11); Ex. 2 (not PSD)
-exp           exp(sᵀt / σ²)                                eq. (11) with σ (= 1 in the paper)
+exp           exp(sᵀt / σ²)                                eq. (11) with σ (= 1 in the paper; the
+                                                           authors' code uses σ² = 2)
 rbf           exp(−‖s − t‖² / (2σ²))                       Wang et al. 2025, App. F
-laplacian     exp(−‖s − t‖₁ / σ)                           Wang et al. 2025, App. F (ℓ₁ distance)
+laplacian     exp(−‖s − t‖₁ / σ)                           Wang et al. 2025, App. F (ℓ₁ distance; not
+                                                           rotation invariant)
+arccos        ‖s‖‖t‖ (sin φ + (π − φ) cos φ) / (2π)        first-order arc-cosine kernel, φ = ∠(s, t):
+                                                           E_w[relu(wᵀs) relu(wᵀt)], w ~ N(0, I)
+                                                           (Cheng et al. Ex. 8 with m = 1; Cho & Saul
+                                                           2009); σ is ignored
 softmax       exp(sᵀt / σ²) / Σ_i' exp(s_i'ᵀt / σ²)         eq. (12): normalised over the sources, per
                                                            target (column); not a kernel
 ============  ===========================================  ==========================================
+
+On top of :func:`gram`:
+
+* :class:`Kernel` — a named kernel with a bandwidth σ, a weight and an optional linear map G,
+  κ(s, t) = weight · gram(name, G s, G t); callable like ``gram`` without the name.
+* :class:`CompositeKernel` — a sum of :class:`Kernel` terms, the K◇ of Cheng et al. Prop. D.1,
+  K◇(u, v) = Σ_s K^s(G^s u, G^s v) (one head per term, App. D).
+* :func:`positive_part` — K₊ = U|D|Uᵀ of a symmetric matrix K = UDUᵀ (Cheng et al. Def. 3.3).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -32,8 +49,12 @@ from torch import Tensor
 
 from iclab.core.errors import require, require_shape
 
-KernelName = Literal["linear", "relu", "exp", "rbf", "laplacian", "softmax"]
-KERNELS: tuple[str, ...] = ("linear", "relu", "exp", "rbf", "laplacian", "softmax")
+KernelName = Literal["linear", "relu", "exp", "rbf", "laplacian", "arccos", "softmax"]
+KERNELS: tuple[str, ...] = ("linear", "relu", "exp", "rbf", "laplacian", "arccos", "softmax")
+#: Kernels whose Gram matrix is positive semi-definite on any point set.
+PSD_KERNELS: tuple[str, ...] = ("linear", "exp", "rbf", "laplacian", "arccos")
+#: Score functions that depend on the points only through sᵀt, so h̃(Sᵀ·, S⁻¹·) = h̃ (Cheng et al. Asm. 4.3).
+INNER_PRODUCT_KERNELS: tuple[str, ...] = ("linear", "relu", "exp", "softmax")
 
 
 def gram(
@@ -52,7 +73,7 @@ def gram(
     require("gram", "kernel", kernel in KERNELS, f"one of {KERNELS}", kernel)
     require("gram", "sigma", float(sigma) > 0, "a float > 0", sigma)
     require_shape("gram", "targets", tuple(targets.shape), (*sources.shape[:-2], None, sources.shape[-1]))
-    if kernel in ("linear", "relu", "exp", "softmax"):
+    if kernel in ("linear", "relu", "exp", "softmax", "arccos"):
         inner = sources @ targets.transpose(-1, -2)  # (…, m, k)
         if kernel == "linear":
             out = inner
@@ -60,13 +81,17 @@ def gram(
             out = torch.relu(inner)
         elif kernel == "exp":
             out = torch.exp(inner / sigma**2)
+        elif kernel == "arccos":
+            out = _arccos1(inner, sources.norm(dim=-1).unsqueeze(-1) * targets.norm(dim=-1).unsqueeze(-2))
         else:
             logits = inner / sigma**2
             if source_mask is not None:
                 logits = logits.masked_fill(~source_mask.unsqueeze(-1), float("-inf"))
             return torch.softmax(logits, dim=-2)
     elif kernel == "rbf":
-        sq = (sources.unsqueeze(-2) - targets.unsqueeze(-3)).pow(2).sum(-1)  # (…, m, k)
+        # ‖s − t‖² = ‖s‖² + ‖t‖² − 2 sᵀt: one batched matmul, no (…, m, k, d) difference tensor
+        sq = sources.pow(2).sum(-1).unsqueeze(-1) + targets.pow(2).sum(-1).unsqueeze(-2)
+        sq = (sq - 2 * sources @ targets.transpose(-1, -2)).clamp_min(0)  # (…, m, k)
         out = torch.exp(-sq / (2 * sigma**2))
     else:  # laplacian
         l1 = (sources.unsqueeze(-2) - targets.unsqueeze(-3)).abs().sum(-1)
@@ -74,3 +99,122 @@ def gram(
     if source_mask is not None:
         out = out * source_mask.unsqueeze(-1).to(out.dtype)
     return out
+
+
+def _arccos1(inner: Tensor, norms: Tensor) -> Tensor:
+    """‖s‖‖t‖ (sin φ + (π − φ) cos φ) / (2π) from sᵀt and ‖s‖‖t‖ (zero where either point is 0)."""
+    safe = norms.clamp_min(torch.finfo(norms.dtype).tiny)
+    cos = (inner / safe).clamp(-1.0, 1.0)
+    phi = torch.arccos(cos)
+    sin = torch.sqrt((1 - cos * cos).clamp_min(0))
+    return torch.where(norms > 0, norms * (sin + (math.pi - phi) * cos) / (2 * math.pi), torch.zeros_like(inner))
+
+
+def positive_part(K: Tensor) -> Tensor:
+    """K₊ = U|D|Uᵀ for symmetric K = UDUᵀ, batched over leading axes (Cheng et al. Def. 3.3).
+
+    The eigenvalues' absolute values, not their positive parts: a negative eigenvalue is flipped, not
+    dropped. K₊ = K when K is PSD (up to rounding); K₊ is always PSD. ``K`` is symmetrised first.
+    """
+    require_shape("positive_part", "K", tuple(K.shape), (*K.shape[:-2], K.shape[-1], K.shape[-1]))
+    evals, evecs = torch.linalg.eigh((K + K.transpose(-1, -2)) / 2)
+    return (evecs * evals.abs().unsqueeze(-2)) @ evecs.transpose(-1, -2)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """κ(s, t) = weight · gram(name, G s, G t; σ): a named kernel, its bandwidth, weight and map G.
+
+    ``transform`` G is a (d', d) matrix applied to both points (Cheng et al. Prop. D.1 G^s; Thm 4.5's
+    Σ^{-1/2}); None means the identity. ``softmax`` stays normalised over the sources after G and
+    before the weight. Call it like :func:`gram` without the name: ``Kernel("exp")(sources, targets)``.
+    """
+
+    name: KernelName = "exp"
+    sigma: float = 1.0
+    weight: float = 1.0
+    transform: Tensor | None = None  # (d', d) G
+
+    def __post_init__(self) -> None:
+        require(self, "name", self.name in KERNELS, f"one of {KERNELS}")
+        require(self, "sigma", float(self.sigma) > 0, "a float > 0")
+        require(self, "weight", math.isfinite(float(self.weight)), "a finite float")
+        if self.transform is not None:
+            require(
+                self, "transform", self.transform.dim() == 2, "a (d', d) matrix or None", tuple(self.transform.shape)
+            )
+
+    @property
+    def is_psd(self) -> bool:
+        """Whether every Gram matrix of this kernel is PSD (a non-negative weight on a PSD kernel)."""
+        return self.name in PSD_KERNELS and float(self.weight) >= 0
+
+    def map(self, points: Tensor) -> Tensor:
+        """G applied to (…, m, d) points (rows): (…, m, d')."""
+        if self.transform is None:
+            return points
+        G = self.transform.to(points)
+        require(
+            "Kernel",
+            "transform",
+            G.shape[-1] == points.shape[-1],
+            f"(d', {points.shape[-1]}) to match the points",
+            tuple(G.shape),
+        )
+        return points @ G.T
+
+    def __call__(self, sources: Tensor, targets: Tensor, *, source_mask: Tensor | None = None) -> Tensor:
+        out = gram(self.name, self.map(sources), self.map(targets), sigma=self.sigma, source_mask=source_mask)
+        return out if float(self.weight) == 1.0 else float(self.weight) * out
+
+
+@dataclass(frozen=True)
+class CompositeKernel:
+    """K◇(u, v) = Σ_s K^s(G^s u, G^s v): the multi-head kernel of Cheng et al. Prop. D.1 (eq. 28).
+
+    Each term is a :class:`Kernel` (its weight α_s and map G^s included). Fig. 4(c) is
+    ``CompositeKernel((Kernel("linear", weight=.5, transform=G1), Kernel("exp", weight=.5, transform=G2)))``.
+    """
+
+    terms: tuple[Kernel, ...]
+
+    def __post_init__(self) -> None:
+        terms = tuple(self.terms) if isinstance(self.terms, (tuple, list)) else ()
+        require(
+            self, "terms", len(terms) >= 1 and all(isinstance(t, Kernel) for t in terms), "a non-empty tuple of Kernel"
+        )
+        object.__setattr__(self, "terms", terms)
+
+    @property
+    def is_psd(self) -> bool:
+        return all(t.is_psd for t in self.terms)
+
+    def __call__(self, sources: Tensor, targets: Tensor, *, source_mask: Tensor | None = None) -> Tensor:
+        out = self.terms[0](sources, targets, source_mask=source_mask)
+        for term in self.terms[1:]:
+            out = out + term(sources, targets, source_mask=source_mask)
+        return out
+
+
+KernelLike = KernelName | Kernel | CompositeKernel
+
+
+def as_kernel(owner: str, kernel: KernelLike | Sequence[Kernel], sigma: float = 1.0) -> Kernel | CompositeKernel:
+    """A kernel name (with ``sigma``), a :class:`Kernel`, a :class:`CompositeKernel` or a sequence of
+    :class:`Kernel` terms, as a callable kernel; anything else is a ``ConfigError`` naming ``owner``."""
+    if isinstance(kernel, (Kernel, CompositeKernel)):
+        return kernel
+    if isinstance(kernel, str):
+        require(owner, "kernel", kernel in KERNELS, f"one of {KERNELS}, a Kernel or a CompositeKernel", kernel)
+        require(owner, "sigma", float(sigma) > 0, "a float > 0", sigma)
+        return Kernel(kernel, sigma=float(sigma))
+    if isinstance(kernel, (tuple, list)) and kernel and all(isinstance(t, Kernel) for t in kernel):
+        return CompositeKernel(tuple(kernel))
+    require(owner, "kernel", False, f"one of {KERNELS}, a Kernel or a CompositeKernel", kernel)
+    raise AssertionError  # unreachable: require raised
+
+
+def uses_softmax(kernel: Kernel | CompositeKernel) -> bool:
+    """Whether any term is the (non-kernel) softmax score."""
+    terms = kernel.terms if isinstance(kernel, CompositeKernel) else (kernel,)
+    return any(t.name == "softmax" for t in terms)

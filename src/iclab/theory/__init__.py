@@ -1,5 +1,20 @@
 """Closed forms: optimal losses, fixed points, population losses."""
 
+from iclab.theory import polynomial_features as polynomial_features
+from iclab.theory.categorical import language_parameter_counts as language_parameter_counts
+from iclab.theory.functional_gd import bayes_risk as bayes_risk
+from iclab.theory.functional_gd import conditional_icl_loss as conditional_icl_loss
+from iclab.theory.functional_gd import convergence_factor as convergence_factor
+from iclab.theory.functional_gd import episode_bayes_gap as episode_bayes_gap
+from iclab.theory.functional_gd import fgd_bayes_gap as fgd_bayes_gap
+from iclab.theory.functional_gd import fgd_icl_loss as fgd_icl_loss
+from iclab.theory.functional_gd import fgd_propagator as fgd_propagator
+from iclab.theory.functional_gd import label_propagator as label_propagator
+from iclab.theory.functional_gd import linear_gp_bayes_risk as linear_gp_bayes_risk
+from iclab.theory.functional_gd import max_stable_step as max_stable_step
+from iclab.theory.functional_gd import stationary_distance as stationary_distance
+from iclab.theory.functional_gd import stationary_point as stationary_point
+from iclab.theory.functional_gd import stationary_point_learner as stationary_point_learner
 from iclab.theory.preconditioned_gd import best_constant_step as best_constant_step
 from iclab.theory.preconditioned_gd import episode_loss as episode_loss
 from iclab.theory.preconditioned_gd import gradient_structure as gradient_structure

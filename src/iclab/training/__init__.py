@@ -1,6 +1,10 @@
 """The trainer shared by every system: optimisers, schedules, clipping, checkpoints, logging."""
 
 from iclab.training.config import TrainConfig as TrainConfig
+from iclab.training.population import Trajectory as Trajectory
+from iclab.training.population import full_batch_gd as full_batch_gd
+from iclab.training.population import online_sgd as online_sgd
+from iclab.training.population import population_flow as population_flow
 from iclab.training.trainer import TrainResult as TrainResult
 from iclab.training.trainer import load_history as load_history
 from iclab.training.trainer import mse_loss as mse_loss

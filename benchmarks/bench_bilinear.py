@@ -1,0 +1,69 @@
+"""Benchmark: one training step of the 12-layer bilinear transformer of Sun, Jadbabaie, Azizan 2025
+(L = 6 blocks [bilinear FFN → LSA], d = 4, d̄ = 12, n = 200, batch 4000: the Fig.-7 configuration).
+
+    python benchmarks/bench_bilinear.py [cpu|cuda] [--batch 4000] [--repeats 5]
+
+Prints ms per Adam step (forward, backward, global clip, update), the FLOPs of a step counted by
+``FlopCounterMode`` (matmul-family ops), achieved GFLOP/s against this machine's measured float32
+matmul peak (``iclab.bench.matmul_peak``), and the sampling time of a batch. The attention uses the
+associative O(n·D²) form of :class:`~iclab.models.LinearAttention`. Results go to docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from iclab import models, tasks
+from iclab.bench import matmul_peak, timeit
+from iclab.core.devices import resolve_device
+from iclab.core.seeding import generator
+from iclab.training.optim import clip_gradients
+from iclab.training.trainer import mse_loss
+
+
+def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int = 6, repeats: int = 5) -> dict[str, float]:  # fmt: skip
+    dev = resolve_device(device)
+    task = tasks.quadratic(4)
+    cfg = models.BilinearTransformerConfig(d=4, d_bar=12, n_blocks=n_blocks, init_std=0.02)
+    model = models.BilinearTransformer(cfg, generator=generator(0)).to(dev)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
+    ep = task.sample(batch, n, generator=generator(1, dev))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        mse_loss(model, ep).backward()
+        clip_gradients(params, 1.0, "global")
+        opt.step()
+
+    with FlopCounterMode(display=False) as fc:
+        opt.zero_grad(set_to_none=True)
+        mse_loss(model, ep).backward()
+    flops = fc.get_total_flops()
+    peak = matmul_peak(dev, repeats=repeats)
+    sec = timeit(step, device=dev, repeats=repeats, warmup=1)
+    data = timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1)
+    return {
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "matmul_peak_gflops": round(peak, 1),
+        "ms_per_step": round(sec * 1e3, 1),
+        "gflop_per_step": round(flops / 1e9, 3),
+        "achieved_gflops": round(flops / sec / 1e9, 2),
+        "flop_bound_ms": round(flops / (peak * 1e9) * 1e3, 1),
+        "x_flop_bound": round(sec / (flops / (peak * 1e9)), 1),
+        "data_ms": round(data * 1e3, 1),
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("device", nargs="?", default="cpu")
+    ap.add_argument("--batch", type=int, default=4000)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    print(json.dumps(bench(a.device, batch=a.batch, repeats=a.repeats), indent=2))

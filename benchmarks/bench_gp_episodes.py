@@ -1,0 +1,82 @@
+"""Benchmark: Gaussian-process episode generation (Cheng, Chen, Sra 2024 setting) against a training step.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_gp_episodes.py [device] [--batch 30000] [--n 14] [--repeats 5]
+
+For every label kernel, the time to sample one batch of episodes (d = 5, Σ = UᵀDU, ξ on the sphere,
+labels ~ N(0, K₊) on all n + 1 points) in float32, as episodes/s, and the ratio to one Adam training step
+(forward + backward + step) of the 3-layer softmax KernelTransformer on the same batch. Target (issue,
+seed 000): generation ≤ 30% of a training step. Writes benchmarks/results/bench-gp-<device>.json.
+Results are recorded in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import iclab
+from iclab import models, tasks
+
+KERNELS = ("linear", "relu", "exp", "rbf", "arccos")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _best_ms(fn, device: str, repeats: int) -> float:
+    fn()  # warm-up
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 1e3 * best
+
+
+def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5) -> dict[str, object]:
+    g = iclab.generator(0, device=device)
+    out: dict[str, object] = {"device": device, "batch": batch, "n": n, "d": 5, "threads": torch.get_num_threads()}
+    gen: dict[str, dict[str, float]] = {}
+    for kernel in KERNELS:
+        task = tasks.GaussianProcess.random_rotation(generator=iclab.generator(1), kernel=kernel)
+        ms = _best_ms(lambda task=task: task.sample(batch, n, generator=g), device, repeats)
+        gen[kernel] = {"ms": ms, "episodes_per_s": batch / (ms / 1e3)}
+    out["generation"] = gen
+
+    cfg = models.KernelTransformerConfig(d=5, n_layers=3, activations=("softmax",))
+    model = models.KernelTransformer(cfg, generator=iclab.generator(2)).to(device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    ep = tasks.GaussianProcess(kernel="exp").sample(batch, n, generator=g)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = (model.predict(ep) - ep.y_query).pow(2).mean()
+        loss.backward()
+        opt.step()
+
+    train_ms = _best_ms(step, device, repeats)
+    out["train_step_ms"] = train_ms
+    out["generation_over_train_step"] = {k: v["ms"] / train_ms for k, v in gen.items()}
+    return out
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("device", nargs="?", default="cpu")
+    ap.add_argument("--batch", type=int, default=30_000)
+    ap.add_argument("--n", type=int, default=14)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    res = run(args.device, args.batch, args.n, args.repeats)
+    path = Path("benchmarks/results") / f"bench-gp-{args.device.replace(':', '')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(res, indent=2))
+    print(json.dumps(res, indent=2))

@@ -1,0 +1,283 @@
+"""Bilinear (GLU without activation) feed-forward layers and the bilinear transformer.
+
+Sun, Jadbabaie, Azizan 2025, eq. (1)-(3) and (11). The paper's prompt has tokens as columns,
+
+    Z = [1 … 1; x_1 … x_{n+1}; 0 … 0; y_1 … y_n 0] ∈ R^{(d̄+1)×(n+1)}          (eq. 1)
+
+rows: constant, x (d rows), d̄ − d − 1 zero scratch rows, label. Here z = Zᵀ is (B, n+1, D) with
+D = d̄ + 1 and the query last (:func:`embed_scratch`). The width d̄ counts everything but the label.
+
+* Bilinear FFN (eq. 3), token-wise on the first d̄ entries u (the label is neither read nor written):
+  u ← u + (W_0 u) ⊙ (W_1 u), W_0, W_1 ∈ R^{d̄×d̄} (the paper's R^{d×d̄} is a typo, spec 003 §7).
+* Sparse FFN (eq. 11): W_i = [[0, 0], [W̃_i, 0]], W̃_i ∈ R^{(d̄−d−1)×(d+1)}: only the scratch entries
+  are written, each from (1, x) alone. ``sparse_strict`` also holds the attention's P rows of the
+  constant and x entries at 0, so no layer can overwrite (1, x) and no feature of degree > 2 in x
+  can form (spec 003 §2.3 caveat; the paper's sparse model does not do this).
+* Attention is :class:`~iclab.models.LinearAttention` with pattern ``full`` on tokens of width
+  D = d̄ + 1: z_i ← z_i + (1/n) Σ_j (P z_j)(z_jᵀ Q z_i) (eq. 2, M drops the query as a source).
+* Block (Sec. 2.2): FFN then attention (``order="ffn_first"``, the paper's) or attention then FFN
+  (``"attention_first"``, the usual transformer order). ``ffn="none"`` is the linear transformer on
+  the same prompt (the baseline of Prop. 1): L attention layers and nothing else.
+
+Read-out (eq. 4): the paper trains the bottom-right entry towards −y_q; ``predict`` returns
+ŷ = −Z_L[d̄+1, n+1] = −z[:, -1, -1] (+ŷ). ``block_predictions`` gives ŷ after each of ℓ = 0..L
+blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from iclab.core.episode import Episode
+from iclab.core.errors import ShapeError, require
+from iclab.models.linear_attention import LinearAttention
+
+FFN = Literal["dense", "sparse", "sparse_strict", "none"]
+FFNS = ("dense", "sparse", "sparse_strict", "none")
+ORDERS = ("ffn_first", "attention_first")
+
+
+def embed_scratch(episode: Episode, d_bar: int) -> Tensor:
+    """The prompt of eq. (1) as rows: [1, x_i, 0 (d̄−d−1), y_i] per context pair and [1, x_q, 0, 0]. (B, n+1, d̄+1)."""
+    if episode.y is None:
+        raise ValueError("embed_scratch needs a regression episode (float labels y); got a classification episode")
+    d = episode.d
+    require("embed_scratch", "d_bar", isinstance(d_bar, int) and d_bar >= d + 1, f"an int >= d + 1 = {d + 1}", d_bar)
+    B, n = episode.batch_size, episode.n
+    x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
+    y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1): query label 0
+    one = torch.ones(B, n + 1, 1, dtype=x.dtype, device=x.device)
+    pad = torch.zeros(B, n + 1, d_bar - d - 1, dtype=x.dtype, device=x.device)
+    return torch.cat([one, x, pad, y.unsqueeze(-1)], dim=-1)
+
+
+class _MaskRows(nn.Module):
+    """Parametrisation P = mask ⊙ P_free: the rows of P named by ``mask`` stay exactly zero."""
+
+    def __init__(self, mask: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, p: Tensor) -> Tensor:
+        return p * self.mask
+
+
+class BilinearFFN(nn.Module):
+    """u ← u + (W_0 u) ⊙ (W_1 u) on the first d̄ entries of every token; eq. (3), or eq. (11) with ``sparse``.
+
+    ``W0``, ``W1`` are (d̄, d̄) in the paper's orientation (acting on columns u); for the sparse layer only
+    the (d̄−d−1, d+1) blocks ``W0_tilde``, ``W1_tilde`` are parameters.
+    """
+
+    def __init__(
+        self,
+        d: int,
+        d_bar: int,
+        *,
+        sparse: bool = False,
+        init_std: float = 0.05,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        require("BilinearFFN", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+        low = d + 2 if sparse else d + 1
+        require("BilinearFFN", "d_bar", isinstance(d_bar, int) and d_bar >= low, f"an int >= {low} (d = {d}{', at least one scratch row' if sparse else ''})", d_bar)  # fmt: skip
+        self.d, self.d_bar, self.sparse = d, d_bar, sparse
+        shape = (d_bar - d - 1, d + 1) if sparse else (d_bar, d_bar)
+
+        def param() -> nn.Parameter:
+            if init_std == 0:
+                return nn.Parameter(torch.zeros(*shape))
+            return nn.Parameter(torch.randn(*shape, generator=generator) * init_std)
+
+        self.W0_free, self.W1_free = param(), param()
+
+    def _full(self, w: Tensor) -> Tensor:
+        if not self.sparse:
+            return w
+        out = torch.zeros(self.d_bar, self.d_bar, dtype=w.dtype, device=w.device)
+        out[self.d + 1 :, : self.d + 1] = w
+        return out
+
+    @property
+    def W0(self) -> Tensor:
+        """(d̄, d̄) in the paper's orientation."""
+        return self._full(self.W0_free)
+
+    @property
+    def W1(self) -> Tensor:
+        """(d̄, d̄) in the paper's orientation."""
+        return self._full(self.W1_free)
+
+    def forward(self, z: Tensor) -> Tensor:
+        """(B, T, d̄+1) -> (B, T, d̄+1); the label entry passes through."""
+        if self.sparse:
+            k = self.d + 1
+            a = z[..., :k]  # (B, T, d+1): (1, x) of every token
+            inc = (a @ self.W0_free.T) * (a @ self.W1_free.T)  # (B, T, d̄−d−1)
+            return torch.cat([z[..., :k], z[..., k : self.d_bar] + inc, z[..., self.d_bar :]], dim=-1)
+        u = z[..., : self.d_bar]  # (B, T, d̄)
+        u = u + (u @ self.W0_free.T) * (u @ self.W1_free.T)
+        return torch.cat([u, z[..., self.d_bar :]], dim=-1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BilinearTransformerConfig:
+    d: int = 3  # input dimension
+    d_bar: int = 12  # embedding width: constant + x + scratch rows (label excluded); tokens are d̄ + 1 wide
+    n_blocks: int = 2  # L: 2L layers (the paper's "8-layer" model has L = 4)
+    ffn: FFN = "dense"  # dense eq. (3) | sparse eq. (11) | sparse_strict (also P rows of (1, x) = 0) | none (linear TF)
+    order: Literal["ffn_first", "attention_first"] = "ffn_first"
+    n_heads: int = 1
+    init_std: float = 0.05  # N(0, init_std²) for every free entry of P, Q, W_0, W_1 (the paper does not say)
+
+    def __post_init__(self) -> None:
+        require(self, "d", isinstance(self.d, int) and not isinstance(self.d, bool) and self.d >= 1, "an int >= 1")
+        require(self, "ffn", self.ffn in FFNS, f"one of {FFNS}")
+        low = self.d + 2 if self.ffn in ("sparse", "sparse_strict") else self.d + 1
+        require(self, "d_bar", isinstance(self.d_bar, int) and self.d_bar >= low, f"an int >= {low} for d = {self.d} and ffn = {self.ffn!r}")  # fmt: skip
+        require(self, "n_blocks", isinstance(self.n_blocks, int) and self.n_blocks >= 1, "an int >= 1")
+        require(self, "order", self.order in ORDERS, f"one of {ORDERS}")
+        require(self, "n_heads", isinstance(self.n_heads, int) and self.n_heads >= 1, "an int >= 1")
+        require(self, "init_std", self.init_std >= 0, "a float >= 0")
+
+
+class BilinearTransformer(nn.Module):
+    """L blocks [bilinear FFN → linear attention] on the [1; x; 0; y] prompt (Sec. 2.2, 3.2).
+
+    ``predict`` returns +ŷ = −z_L[query, label]. ``trace`` returns every sub-layer's prompt and
+    ``block_predictions`` the read-out after each block.
+    """
+
+    def __init__(
+        self, config: BilinearTransformerConfig | None = None, *, generator: torch.Generator | None = None
+    ) -> None:
+        super().__init__()
+        self.config = cfg = config or BilinearTransformerConfig()
+        self.attn = nn.ModuleList(
+            LinearAttention(cfg.d_bar, n_heads=cfg.n_heads, pattern="full", init_std=cfg.init_std, generator=generator)
+            for _ in range(cfg.n_blocks)
+        )
+        self.ffn = nn.ModuleList(
+            BilinearFFN(cfg.d, cfg.d_bar, sparse=cfg.ffn != "dense", init_std=cfg.init_std, generator=generator)
+            for _ in range(cfg.n_blocks if cfg.ffn != "none" else 0)
+        )
+        if cfg.ffn == "sparse_strict":
+            mask = torch.ones(cfg.n_heads, cfg.d_bar + 1, cfg.d_bar + 1)
+            mask[:, : cfg.d + 1] = 0  # attention never writes the constant or x entries
+            for layer in self.attn:
+                with torch.no_grad():
+                    layer.P_free.mul_(mask)
+                parametrize.register_parametrization(layer, "P_free", _MaskRows(mask))
+
+    @property
+    def _dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    def _check(self, episode: Episode) -> None:
+        if episode.y is None:
+            raise ValueError("BilinearTransformer needs a regression episode (float labels y); got a classification episode")  # fmt: skip
+        if episode.d != self.config.d:
+            raise ShapeError(f"BilinearTransformer was built for d={self.config.d}; got an episode with d={episode.d}")
+        if episode.dtype != self._dtype:
+            raise ShapeError(
+                f"BilinearTransformer has {self._dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={self._dtype}))"
+            )
+
+    def sublayers(self) -> list[nn.Module]:
+        """The 2L (L for ffn='none') sub-layers in the order they run."""
+        out: list[nn.Module] = []
+        for ell, attn in enumerate(self.attn):
+            ffn = [self.ffn[ell]] if self.ffn else []
+            out += [*ffn, attn] if self.config.order == "ffn_first" else [attn, *ffn]
+        return out
+
+    def _run(self, episode: Episode, keep: bool) -> tuple[Tensor, list[Tensor]]:
+        self._check(episode)
+        z = embed_scratch(episode, self.config.d_bar)  # (B, n+1, d̄+1)
+        states = [z]
+        for layer in self.sublayers():
+            z = layer(z, episode.n) if isinstance(layer, LinearAttention) else layer(z)
+            if keep:
+                states.append(z)
+        return z, states
+
+    def trace(self, episode: Episode) -> tuple[Tensor, Tensor]:
+        """(ŷ (B,), states (S+1, B, n+1, d̄+1)) with S the number of sub-layers, Z_0ᵀ first."""
+        z, states = self._run(episode, keep=True)
+        return -z[:, -1, -1], torch.stack(states)
+
+    def block_predictions(self, episode: Episode) -> Tensor:
+        """(L+1, B): +ŷ after ℓ = 0, …, L blocks, read from Z^{(2ℓ)} (App. H's sub-networks)."""
+        _, states = self._run(episode, keep=True)
+        per = 2 if self.ffn else 1
+        return torch.stack([-s[:, -1, -1] for s in states[::per]])
+
+    def forward(self, episode: Episode) -> Tensor:
+        z, _ = self._run(episode, keep=False)
+        return -z[:, -1, -1]  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
+
+    def predict(self, episode: Episode) -> Tensor:
+        """+ŷ for the query of every prompt, (B,)."""
+        return self(episode)
+
+    # --- the matrices theory talks about, stacked over blocks ---------------------------
+    @property
+    def P(self) -> Tensor:
+        """(L, H, D, D), D = d̄ + 1."""
+        return torch.stack([a.P for a in self.attn])
+
+    @property
+    def Q(self) -> Tensor:
+        """(L, H, D, D)."""
+        return torch.stack([a.Q for a in self.attn])
+
+    @property
+    def W0(self) -> Tensor:
+        """(L, d̄, d̄)."""
+        return torch.stack([f.W0 for f in self.ffn])
+
+    @property
+    def W1(self) -> Tensor:
+        """(L, d̄, d̄)."""
+        return torch.stack([f.W1 for f in self.ffn])
+
+    @torch.no_grad()
+    def load_weights(self, **blocks: Tensor) -> BilinearTransformer:
+        """Set ``P``, ``Q`` ((L, D, D) or (L, H, D, D)) and/or ``W0``, ``W1`` ((L, d̄, d̄); for a sparse FFN the
+        (L, d̄−d−1, d+1) blocks ``W0_tilde``, ``W1_tilde`` or full matrices zero outside them). Returns self."""
+        cfg = self.config
+        allowed = {"P", "Q", "W0", "W1", "W0_tilde", "W1_tilde"}
+        require("BilinearTransformer.load_weights", "blocks", set(blocks) <= allowed, f"a subset of {sorted(allowed)}", sorted(blocks))  # fmt: skip
+        for name, value in blocks.items():
+            value = torch.as_tensor(value)
+            require("BilinearTransformer.load_weights", name, value.shape[0] == cfg.n_blocks, f"a stack over the {cfg.n_blocks} blocks", tuple(value.shape))  # fmt: skip
+            if name in ("P", "Q"):
+                if value.dim() == 3:
+                    value = value.unsqueeze(1).expand(-1, cfg.n_heads, -1, -1)
+                want = (cfg.n_blocks, cfg.n_heads, cfg.d_bar + 1, cfg.d_bar + 1)
+                require("BilinearTransformer.load_weights", name, tuple(value.shape) == want, f"shape {want}", tuple(value.shape))  # fmt: skip
+                for layer, v in zip(self.attn, value, strict=True):
+                    if name == "P" and cfg.ffn == "sparse_strict":
+                        require("BilinearTransformer.load_weights", "P", bool((v[:, : cfg.d + 1] == 0).all()), "zero in the rows of (1, x) for ffn='sparse_strict'", "non-zero rows")  # fmt: skip
+                        layer.parametrizations.P_free.original.copy_(v)
+                    else:
+                        getattr(layer, f"{name}_free").copy_(v)
+                continue
+            require("BilinearTransformer.load_weights", name, bool(self.ffn), "absent for ffn='none'", name)
+            key = name[:2]
+            for ffn, v in zip(self.ffn, value, strict=True):
+                target = getattr(ffn, f"{key}_free")
+                if ffn.sparse and v.shape[-2:] == (cfg.d_bar, cfg.d_bar):
+                    mask = torch.ones_like(v, dtype=torch.bool)
+                    mask[cfg.d + 1 :, : cfg.d + 1] = False
+                    require("BilinearTransformer.load_weights", name, bool((v[mask] == 0).all()), "zero outside the W̃ block for a sparse FFN (eq. 11)", "non-zero entries")  # fmt: skip
+                    v = v[cfg.d + 1 :, : cfg.d + 1]
+                require("BilinearTransformer.load_weights", name, v.shape == target.shape, f"per-block shape {tuple(target.shape)}", tuple(v.shape))  # fmt: skip
+                target.copy_(v)
+        return self

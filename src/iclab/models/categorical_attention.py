@@ -1,0 +1,458 @@
+"""Attention models for in-context classification with class embeddings (Wang, Convertino, Cheng, Henao, Carin 2025).
+
+Observation model (eq. 1): p(y = c | x) = softmax_c(W_eᵀ f(x)); W_e = [w_{e,1} … w_{e,C}] ∈ R^{d'×C} is both
+the input embedding of the labels and the output head. Two models, each in two parameterisations:
+
+:class:`CategoricalTransformer` — the multi-step model of §3.2-3.3 / App. D. The paper's tokens are
+columns e_{i,k} = (x_i; w_{e,y_i}; E(w_e)|_{f_{i,k}}; f_{i,k}) ∈ R^{d+3d'} (eq. 4); here rows
+``(B, T, D)`` with blocks [X | U | E | F] of widths [d | d' | d' | d'], the query last (U = 0 there)
+and, for :meth:`predict_points`, m queries after the n context tokens. Initially E = w̄_e, F = 0
+(eq. 23). Each block (eq. 5, 36-44) is
+
+* self-attention with 2 heads, the query tokens masked as keys (the paper's M):
+  head 1 (eq. 26-30) Δf_j = P₁ Σ_{i≤n} κ(W_K e_i, W_Q e_j) W_V e_i (÷ n for unnormalised κ);
+  head 2, the *erasure* head (eq. 31-35), whose weights are ≈ δ_ij so that it writes −E_j;
+* softmax cross-attention (eq. 38-44) whose keys and values are the C columns of W_e:
+  out_j = P_c Σ_c softmax_c((K_c w_{e,c})ᵀ Q_c ẽ_j) V_c w_{e,c}, which for the GD weights writes
+  E(w_e)|_{f_{j,k+1}} into the emptied E slot;
+* residual connections. Readout (eq. 7): f̂ = F slot of the query, logits W_eᵀ f̂.
+
+``mode='gd'`` is the paper's "GD" transformer: the construction's form with learned α_k ∈ R^{d'} (a
+diagonal step per block, or one for all blocks when ``shared``), a kernel scale a (W_Q = W_K = a[I_d 0];
+not learned for the linear kernel, where it only rescales α) and W_e. It is computed on the blocks
+directly (no zero blocks multiplied), and K blocks equal K steps of
+:class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:meth:`CategoricalTransformer.algorithm`).
+``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
+W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
+:func:`iclab.constructions.categorical_gd` loads the GD form into a free model.
+
+Erasure head (``erasure``):
+
+* ``rbf``: κ = exp(−‖W_K e_i − W_Q e_j‖²/2) with W_Q = W_K = λ[I_d 0] (eq. 33); exact
+  for distinct x once λ is large (λ = 1e5: off-diagonal weights underflow to 0). The self-score is
+  computed from the difference W_K e_j − W_Q e_j directly (the Gram expansion ‖s‖² + ‖t‖² − 2sᵀt would
+  lose ~λ²·eps at i = j).
+* ``softmax``: the paper's dot-product softmax, softmax_i((W_Q e_j)ᵀ W_K e_i). It concentrates on
+  argmax_i x_jᵀx_i, which is j only when ‖x_i‖ is constant (spec 004 §2.2 [FLAG]); kept to measure
+  that caveat (:func:`erasure_failure_rate`).
+* ``identity`` (default for GD): δ_ij exactly (the hard mask). On distinct x it gives bit-for-bit what
+  ``rbf`` with λ = 1e5 gives, without computing the (n, T) scores of a second head (half the cost).
+* ``kernel`` (default for the free model, as in the authors' Trained TF): head 2 is a second ordinary
+  head with the model kernel, queries masked as keys.
+
+For ``rbf``/``softmax``/``identity`` a query token is the one extra key of its own erasure head (so its
+E slot is erased too and all N+1 tokens follow GD); it never sees another query, so a multi-query pass
+equals separate single-query passes.
+
+:class:`SingleStepCategorical` — §3.5 / App. C: one self-attention head on (x; w_{e,y} − w̄_e; 0) ∈
+R^{d+2d'} (eq. 8, 17-19) is one GD step from f_0 = 0, no erasure or cross-attention needed (eq. 14,
+20-22). ``mode='gd'`` learns (a, α, W_e); ``mode='free'`` has full W_Q, W_K, W_V, P ∈ R^{D₁×D₁} (App. F).
+
+Kernels κ (``iclab.core.kernels.gram`` with σ = 1): linear sᵀt, exp exp(sᵀt), rbf exp(−‖s−t‖²/2),
+laplacian exp(−‖s−t‖₁), softmax (normalised over the n context keys). The 1/n of the authors' value
+matrices (``divide_by_n``) is applied to the unnormalised kernels only, as in their PyTorch port (the
+JAX code also divides softmax; only the scale of α changes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from iclab.core.episode import Episode
+from iclab.core.errors import ShapeError, require
+from iclab.core.kernels import gram
+
+KERNELS = ("linear", "rbf", "exp", "laplacian", "softmax")
+ERASURES = ("rbf", "softmax", "identity", "kernel")
+MODES = ("gd", "free")
+Mode = Literal["gd", "free"]
+KernelName = Literal["linear", "rbf", "exp", "laplacian", "softmax"]
+Erasure = Literal["rbf", "softmax", "identity", "kernel"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CategoricalTransformerConfig:
+    """Settings of :class:`CategoricalTransformer` and :class:`SingleStepCategorical` (defaults: §6.1)."""
+
+    d: int = 10
+    d_embed: int = 5  # d'
+    num_classes: int = 25  # C
+    n_blocks: int = 2  # K (ignored by SingleStepCategorical)
+    kernel: KernelName = "softmax"
+    mode: Mode = "gd"
+    shared: bool = False  # one set of block weights for all blocks (the authors' deq=True)
+    erasure: Erasure | None = None  # None: 'identity' for mode='gd', 'kernel' for mode='free'
+    erasure_scale: float = 1e5  # λ of the rbf / softmax erasure head (the authors' code)
+    divide_by_n: bool = True  # 1/n on unnormalised kernels (absorbed in α)
+    zero_last_class: bool = True  # W_e's last column fixed to 0 (App. C; (1) is shift invariant)
+    step_init: float = 1.0  # GD: α_k initialised to this in every coordinate
+    scale_init: float = 1.0  # GD: kernel scale a
+    embed_init_std: float = 1.0  # W_e ~ N(0, std²)
+    init_std: float = 0.01  # free: every matrix entry ~ N(0, std²)
+
+    def __post_init__(self) -> None:
+        for name in ("d", "d_embed", "n_blocks"):
+            require(self, name, isinstance(getattr(self, name), int) and getattr(self, name) >= 1, "an int >= 1")
+        require(self, "num_classes", isinstance(self.num_classes, int) and self.num_classes >= 2, "an int >= 2")
+        require(self, "kernel", self.kernel in KERNELS, f"one of {KERNELS}")
+        require(self, "mode", self.mode in MODES, f"one of {MODES}")
+        require(self, "shared", isinstance(self.shared, bool), "a bool")
+        if self.erasure is None:
+            object.__setattr__(self, "erasure", "identity" if self.mode == "gd" else "kernel")
+        require(self, "erasure", self.erasure in ERASURES, f"one of {ERASURES}")
+        require(
+            self,
+            "erasure",
+            not (self.mode == "gd" and self.erasure == "kernel"),
+            "'rbf', 'softmax' or 'identity' for mode='gd' (the GD form needs an erasing head)",
+        )
+        require(self, "erasure_scale", float(self.erasure_scale) > 0, "a float > 0")
+        require(self, "divide_by_n", isinstance(self.divide_by_n, bool), "a bool")
+        require(self, "zero_last_class", isinstance(self.zero_last_class, bool), "a bool")
+        for name in ("embed_init_std", "init_std"):
+            require(self, name, float(getattr(self, name)) >= 0, "a float >= 0")
+
+    @property
+    def D(self) -> int:
+        """Token width d + 3d' of the multi-step model."""
+        return self.d + 3 * self.d_embed
+
+
+# ---- attention pieces shared by both models ---------------------------------------------------------
+
+
+def kernel_head(
+    kernel: str,
+    keys: Tensor,
+    queries: Tensor,
+    values: Tensor,
+    *,
+    divide_by_n: bool = True,
+    scores: Tensor | None = None,
+) -> Tensor:
+    """Σ_{i≤n} κ(k_i, q_j) v_i for every target j: keys (B, n, ·), queries (B, T, ·), values (B, n, k) -> (B, T, k).
+
+    The n keys are the context tokens only (queries masked as keys); softmax is normalised over them.
+    ``divide_by_n``: ÷ n for the unnormalised kernels. ``scores`` (B, n, T): precomputed κ(k_i, q_j) (the GD
+    model's scores are the same in every block).
+    """
+    h = gram(kernel, keys, queries) if scores is None else scores  # type: ignore[arg-type]  # (B, n, T)
+    out = h.transpose(1, 2) @ values  # (B, T, k)
+    return out / keys.shape[1] if divide_by_n and kernel != "softmax" else out
+
+
+def erasure_weights(kind: str, keys: Tensor, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    """Weights of the erasure head: (context weights (B, n, T), self weights (B, T)).
+
+    ``keys``/``queries`` (B, T, ·) are W_K e and W_Q e of every token. Target j attends to the n context
+    tokens and, if it is a query (j ≥ n), to itself. ``rbf``: exp(−‖k_i − q_j‖²/2), the i = j scores from
+    the direct difference; ``softmax``: normalised over those keys; ``identity``: δ_ij.
+    """
+    B, T = queries.shape[:2]
+    is_query = torch.arange(T, device=queries.device) >= n  # (T,)
+    eye = torch.eye(n, T, dtype=torch.bool, device=queries.device)  # (n, T): i == j
+    if kind == "identity":
+        ctx = eye.to(queries.dtype).expand(B, n, T)
+        return ctx, is_query.to(queries.dtype).expand(B, T)
+    if kind == "rbf":
+        self_score = torch.exp(-0.5 * (keys - queries).square().sum(-1))  # (B, T) κ(k_j, q_j), exact
+        ctx = gram("rbf", keys[:, :n], queries)  # (B, n, T)
+        ctx = torch.where(eye, _diagonal(self_score, n, T), ctx)
+        return ctx, self_score * is_query
+    if kind == "softmax":
+        logits = keys[:, :n] @ queries.transpose(1, 2)  # (B, n, T)
+        self_logit = (keys * queries).sum(-1).masked_fill(~is_query, float("-inf"))  # (B, T)
+        top = torch.maximum(logits.amax(1), self_logit)  # (B, T)
+        w_ctx, w_self = torch.exp(logits - top.unsqueeze(1)), torch.exp(self_logit - top)
+        z = w_ctx.sum(1) + w_self
+        return w_ctx / z.unsqueeze(1), w_self / z
+    raise ValueError(f"erasure_weights: kind must be 'rbf', 'softmax' or 'identity'; got {kind!r}")
+
+
+def _diagonal(self_score: Tensor, n: int, T: int) -> Tensor:
+    """(B, T) self scores placed on the diagonal i = j of a (B, n, T) tensor (zeros elsewhere)."""
+    diag = torch.diag_embed(self_score[:, :n], dim1=1, dim2=2)  # (B, n, n)
+    return diag if n == T else torch.nn.functional.pad(diag, (0, T - n))
+
+
+def erasure_failure_rate(x: Tensor) -> float:
+    """Fraction of context rows j with argmax_i x_jᵀx_i ≠ j (i over the context): where the dot-product softmax
+    erasure of the paper concentrates on the wrong token as λ → ∞ (spec 004 §2.2: ≈ 9.6% on U[−1,1]^10, N = 125;
+    0 when ‖x_i‖ is constant). ``x`` (B, n, d)."""
+    inner = x @ x.transpose(1, 2)  # (B, n, n)
+    arg = inner.argmax(1)  # (B, n) for each target j
+    return float((arg != torch.arange(x.shape[1], device=x.device)).to(torch.float64).mean())
+
+
+def softmax_cross_attention(queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    """Σ_c softmax_c(k_cᵀ q_j) v_c: queries (B, T, k), keys (C, k), values (C, m) -> (B, T, m) (eq. 38-43).
+
+    Plain softmax attention over the C keys (no temperature, no 1/√k; the stable max-subtracted softmax).
+    """
+    return torch.softmax(queries @ keys.T, dim=-1) @ values
+
+
+class _EmbeddingModel(nn.Module):
+    """W_e (d', C) as a parameter (its last column fixed to 0 with ``zero_last_class``) and input checks."""
+
+    def __init__(self, config: CategoricalTransformerConfig, generator: torch.Generator | None) -> None:
+        super().__init__()
+        self.config = config
+        cols = config.num_classes - 1 if config.zero_last_class else config.num_classes
+        self.W_free = nn.Parameter(torch.randn(config.d_embed, cols, generator=generator) * config.embed_init_std)
+
+    @property
+    def W_e(self) -> Tensor:
+        """(d', C) class embeddings."""
+        if not self.config.zero_last_class:
+            return self.W_free
+        return torch.cat([self.W_free, self.W_free.new_zeros(self.W_free.shape[0], 1)], dim=1)
+
+    @torch.no_grad()
+    def set_embeddings(self, W_e: Tensor) -> None:
+        """Load W_e (d', C) (its last column must be 0 with ``zero_last_class``)."""
+        cfg = self.config
+        shape = (cfg.d_embed, cfg.num_classes)
+        require(type(self).__name__, "W_e", tuple(W_e.shape) == shape, f"shape {shape}", tuple(W_e.shape))
+        if cfg.zero_last_class:
+            require(type(self).__name__, "W_e", bool((W_e[:, -1] == 0).all()), "0 in its last column (zero_last_class)",
+                    "a non-zero last column")  # fmt: skip
+            self.W_free.copy_(W_e[:, :-1])
+        else:
+            self.W_free.copy_(W_e)
+
+    def _check(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        name, cfg = type(self).__name__, self.config
+        if episode.labels is None:
+            raise ShapeError(f"{name} needs a classification episode (integer labels); got a regression episode")
+        if episode.d != cfg.d:
+            raise ShapeError(f"{name} was built for d={cfg.d}; got an episode with d={episode.d}")
+        labels = episode.labels
+        lo, hi = int(labels.min()), int(labels.max())
+        require(name, "labels", lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
+                f"values in [{lo}, {hi}]")  # fmt: skip
+        if episode.dtype != self.W_free.dtype:
+            raise ShapeError(
+                f"{name} has {self.W_free.dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={self.W_free.dtype}))"
+            )
+        if points is None:
+            return episode.x_query.unsqueeze(1)
+        if points.dim() == 2:
+            points = points.to(episode.x).expand(episode.batch_size, *points.shape)
+        require(name, "points", points.dim() == 3 and tuple(points.shape[::2]) == (episode.batch_size, cfg.d),
+                f"an (m, {cfg.d}) or ({episode.batch_size}, m, {cfg.d}) tensor", tuple(points.shape))  # fmt: skip
+        return points.to(episode.x)
+
+    def predict(self, episode: Episode) -> Tensor:
+        """Class logits W_eᵀ f̂ of each prompt's query, (B, C)."""
+        return self.predict_points(episode)[:, 0]
+
+    def forward(self, episode: Episode) -> Tensor:
+        return self.predict(episode)
+
+    def predict_points(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        """Logits (B, m, C) at m query points (m, d) or (B, m, d) in one pass (all masked as keys); None: the query."""
+        raise NotImplementedError
+
+
+# ---- the multi-step model ------------------------------------------------------------------------------
+
+
+class _FreeBlock(nn.Module):
+    """The free weights of one block: self-attention W_Q, W_K, W_V, P (2, D, D) for heads (kernel, erasure) and
+    the cross-attention W_Q^c (d', D), W_K^c (d', d'), W_V^c (D, d'), P^c (D, D) (paper orientation: out = M·in)."""
+
+    def __init__(self, D: int, dp: int, std: float, generator: torch.Generator | None) -> None:
+        super().__init__()
+
+        def p(*shape: int) -> nn.Parameter:
+            return nn.Parameter(torch.randn(*shape, generator=generator) * std)
+
+        self.W_Q, self.W_K, self.W_V, self.P = p(2, D, D), p(2, D, D), p(2, D, D), p(2, D, D)
+        self.W_Qc, self.W_Kc, self.W_Vc, self.Pc = p(dp, D), p(dp, dp), p(D, dp), p(D, D)
+
+
+class CategoricalTransformer(_EmbeddingModel):
+    """K attention blocks (2-head self-attention + softmax cross-attention to W_e) on (x; w_{e,y}; E; f) tokens.
+
+    See the module docstring. ``predict(episode)`` -> (B, C) logits; :meth:`predict_points` evaluates many
+    queries at once; :meth:`states` returns every block's tokens; :meth:`algorithm` (GD mode) the
+    :class:`~iclab.algorithms.CategoricalFunctionalGD` it computes.
+    """
+
+    def __init__(
+        self, config: CategoricalTransformerConfig | None = None, *, generator: torch.Generator | None = None
+    ) -> None:
+        config = config or CategoricalTransformerConfig()
+        super().__init__(config, generator)
+        cfg = config
+        n_w = 1 if cfg.shared else cfg.n_blocks
+        if cfg.mode == "gd":
+            self.alpha = nn.Parameter(torch.full((n_w, cfg.d_embed), float(cfg.step_init)))
+            self.scale = nn.Parameter(torch.tensor(float(cfg.scale_init)), requires_grad=cfg.kernel != "linear")
+        else:
+            self.blocks = nn.ModuleList(_FreeBlock(cfg.D, cfg.d_embed, cfg.init_std, generator) for _ in range(n_w))
+
+    # -- tokens -----------------------------------------------------------------------------------------
+    def embed(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        """e_{·,0} (B, n+m, D) = (x; w_{e,y} (0 at queries); w̄_e; 0) (eq. 4, 23)."""
+        q = self._check(episode, points)
+        W = self.W_e
+        x = torch.cat([episode.x, q], dim=1)  # (B, T, d)
+        U = torch.cat([W.T[episode.labels], W.new_zeros(q.shape[0], q.shape[1], W.shape[0])], dim=1)
+        E = W.mean(1).expand_as(U)
+        return torch.cat([x, U, E, torch.zeros_like(U)], dim=-1)
+
+    def _block_index(self, k: int) -> int:
+        return 0 if self.config.shared else k
+
+    def _gd_scores(self, z: Tensor, n: int) -> Tensor:
+        """κ(a x_i, a x_j), (B, n, T): head 1's scores, the same in every block of the GD model."""
+        x = z[..., : self.config.d]
+        return gram(self.config.kernel, self.scale * x[:, :n], self.scale * x)
+
+    def _gd_block(self, z: Tensor, n: int, k: int, scores: Tensor | None = None) -> Tensor:
+        cfg = self.config
+        d, dp = cfg.d, cfg.d_embed
+        x, U, E, F = z.split([d, dp, dp, dp], dim=-1)
+        h = self._gd_scores(z, n) if scores is None else scores
+        dF = kernel_head(cfg.kernel, x[:, :n], x, U[:, :n] - E[:, :n], divide_by_n=cfg.divide_by_n, scores=h)
+        F = F + self.alpha[self._block_index(k)] * dF  # head 1, P = diag(α): f_{k+1}
+        lam = cfg.erasure_scale
+        if cfg.erasure == "identity":  # δ_ij: head 2 writes exactly −E, so the slot is empty
+            E = softmax_cross_attention(F, self.W_e.T, self.W_e.T)
+            return torch.cat([x, U, E, F], dim=-1)
+        if cfg.erasure == "rbf":  # W_Q = W_K = λ[I_d 0] (eq. 31-33)
+            keys, queries = lam * x, lam * x
+        elif cfg.erasure == "softmax":  # logits λ² x_jᵀx_i
+            keys, queries = x, lam**2 * x
+        else:
+            keys = queries = x
+        w_ctx, w_self = erasure_weights(cfg.erasure, keys, queries, n)
+        E = E - (w_ctx.transpose(1, 2) @ E[:, :n] + w_self.unsqueeze(-1) * E)  # head 2 writes −E
+        E = E + softmax_cross_attention(F, self.W_e.T, self.W_e.T)  # cross-attention: E(w_e)|_{f_{k+1}}
+        return torch.cat([x, U, E, F], dim=-1)
+
+    def _free_block(self, z: Tensor, n: int, k: int, scores: Tensor | None = None) -> Tensor:
+        cfg, blk = self.config, self.blocks[self._block_index(k)]
+        ctx = z[:, :n]
+        keys1, queries1 = z @ blk.W_K[0].T, z @ blk.W_Q[0].T
+        out = kernel_head(cfg.kernel, keys1[:, :n], queries1, ctx @ blk.W_V[0].T, divide_by_n=cfg.divide_by_n)
+        out = out @ blk.P[0].T
+        keys2, queries2, vals2 = z @ blk.W_K[1].T, z @ blk.W_Q[1].T, z @ blk.W_V[1].T
+        if cfg.erasure == "kernel":
+            head2 = kernel_head(cfg.kernel, keys2[:, :n], queries2, vals2[:, :n], divide_by_n=cfg.divide_by_n)
+        else:
+            w_ctx, w_self = erasure_weights(cfg.erasure, keys2, queries2, n)
+            head2 = w_ctx.transpose(1, 2) @ vals2[:, :n] + w_self.unsqueeze(-1) * vals2
+        z = z + out + head2 @ blk.P[1].T  # ẽ (eq. 37)
+        W = self.W_e.T  # (C, d') the columns w_{e,c}
+        cross = softmax_cross_attention(z @ blk.W_Qc.T, W @ blk.W_Kc.T, W @ blk.W_Vc.T)  # (B, T, D)
+        return z + cross @ blk.Pc.T  # eq. (44)
+
+    def states(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        """Tokens before and after every block, (K+1, B, n+m, D)."""
+        z = self.embed(episode, points)
+        n, out = episode.n, [z]
+        gd = self.config.mode == "gd"
+        block = self._gd_block if gd else self._free_block
+        scores = self._gd_scores(z, n) if gd else None
+        for k in range(self.config.n_blocks):
+            z = block(z, n, k, scores)
+            out.append(z)
+        return torch.stack(out)
+
+    def predict_points(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        cfg = self.config
+        z = self.embed(episode, points)
+        n, K = episode.n, cfg.n_blocks
+        if cfg.mode == "free":
+            for k in range(K):
+                z = self._free_block(z, n, k)
+            return z[:, n:, -cfg.d_embed :] @ self.W_e  # (B, m, C) readout (eq. 7)
+        # GD: the readout needs only the queries' F after the last block, so that block runs on the query
+        # targets only (its E slots and context tokens are never read): the same numbers, less work.
+        x = z[..., : cfg.d]
+        scores = gram(cfg.kernel, self.scale * x[:, :n], self.scale * x[:, n:] if K == 1 else self.scale * x)
+        for k in range(K - 1):
+            z = self._gd_block(z, n, k, scores)
+        dp = cfg.d_embed
+        U, E, F = z[:, :n, cfg.d : cfg.d + dp], z[:, :n, cfg.d + dp : cfg.d + 2 * dp], z[:, n:, -dp:]
+        h = scores if K == 1 else scores[:, :, n:]
+        dF = kernel_head(cfg.kernel, x[:, :n], x[:, n:], U - E, divide_by_n=cfg.divide_by_n, scores=h)
+        return (F + self.alpha[self._block_index(K - 1)] * dF) @ self.W_e
+
+    def algorithm(self) -> object:
+        """The :class:`~iclab.algorithms.CategoricalFunctionalGD` this GD-mode model computes (detached)."""
+        from iclab.algorithms.functional_gd import CategoricalFunctionalGD
+
+        cfg = self.config
+        require(self, "mode", cfg.mode == "gd", "'gd' (a free model computes no fixed algorithm)", cfg.mode)
+        alpha = self.alpha.detach().expand(cfg.n_blocks, -1)
+        a = float(self.scale.detach())
+        return CategoricalFunctionalGD(
+            cfg.kernel,
+            torch.ones(cfg.n_blocks, dtype=alpha.dtype),
+            transform=a * torch.eye(cfg.d, dtype=alpha.dtype),
+            embeddings=self.W_e.detach(),
+            preconditioner=alpha.clone(),
+            divide_by_n=cfg.divide_by_n and cfg.kernel != "softmax",
+        )
+
+
+# ---- the single-step model --------------------------------------------------------------------------------
+
+
+class SingleStepCategorical(_EmbeddingModel):
+    """One self-attention head on (x; w_{e,y} − w̄_e; 0) ∈ R^{d+2d'}: one GD step from f_0 = 0 (§3.5, eq. 14).
+
+    ``mode='gd'``: W_Q = W_K = a[I_d 0 0], W_V = the U block, P = diag(α) from U to F (eq. 20-22); learned a, α, W_e.
+    ``mode='free'``: W_Q, W_K, W_V, P ∈ R^{D₁×D₁} free (App. F, Figs. 8-9). Readout: F slot of the query.
+    """
+
+    def __init__(
+        self, config: CategoricalTransformerConfig | None = None, *, generator: torch.Generator | None = None
+    ) -> None:
+        config = config or CategoricalTransformerConfig(d=2, num_classes=20, n_blocks=1)
+        super().__init__(config, generator)
+        cfg = config
+        if cfg.mode == "gd":
+            self.alpha = nn.Parameter(torch.full((cfg.d_embed,), float(cfg.step_init)))
+            self.scale = nn.Parameter(torch.tensor(float(cfg.scale_init)), requires_grad=cfg.kernel != "linear")
+        else:
+            D1 = cfg.d + 2 * cfg.d_embed
+
+            def p() -> nn.Parameter:
+                return nn.Parameter(torch.randn(D1, D1, generator=generator) * cfg.init_std)
+
+            self.W_Q, self.W_K, self.W_V, self.P = p(), p(), p(), p()
+
+    @property
+    def D(self) -> int:
+        return self.config.d + 2 * self.config.d_embed
+
+    def embed(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        """(B, n+m, d+2d') tokens (x_i; w_{e,y_i} − w̄_e; 0), queries (x; −w̄_e; 0) (eq. 17-19)."""
+        q = self._check(episode, points)
+        W = self.W_e
+        centred = W - W.mean(1, keepdim=True)
+        x = torch.cat([episode.x, q], dim=1)
+        U = torch.cat([centred.T[episode.labels], (-W.mean(1)).expand(q.shape[0], q.shape[1], -1)], dim=1)
+        return torch.cat([x, U, torch.zeros_like(U)], dim=-1)
+
+    def predict_points(self, episode: Episode, points: Tensor | None = None) -> Tensor:
+        cfg, n = self.config, episode.n
+        z = self.embed(episode, points)
+        if cfg.mode == "gd":
+            x, U = z[..., : cfg.d], z[..., cfg.d : cfg.d + cfg.d_embed]
+            a = self.scale
+            f = self.alpha * kernel_head(cfg.kernel, a * x[:, :n], a * x, U[:, :n], divide_by_n=cfg.divide_by_n)
+            return f[:, n:] @ self.W_e
+        out = kernel_head(cfg.kernel, z[:, :n] @ self.W_K.T, z @ self.W_Q.T, z[:, :n] @ self.W_V.T,
+                          divide_by_n=cfg.divide_by_n)  # fmt: skip
+        z = z + out @ self.P.T
+        return z[:, n:, -cfg.d_embed :] @ self.W_e

@@ -1,0 +1,372 @@
+"""Generalized (kernel) attention: the layer and the L-layer transformer of Cheng, Chen, Sra 2024.
+
+Cheng, Chen, Sra 2024, eq. (2)-(3) and, with several heads, eq. (26):
+
+    Z_{ℓ+1} = Z_ℓ + Σ_s V_ℓ^s Z_ℓ M h̃^s(B_ℓ^s X_ℓ, C_ℓ^s X_ℓ),     TF(Z_0) = [Z_L]_{d+1, n+1} ≈ −ŷ
+
+The paper's tokens are columns, Z ∈ R^{D×(n+1)} with D = d + 1 and X its first d rows; here
+z = Zᵀ is (B, n+1, D), query last. [h̃(U, W)]_{ij} = h̃(u_i, w_j) weighs *source* token i in the
+output of *target* token j; M removes the query as a source (there is no causal mask), so target j
+receives Σ_{i≤n} h̃_{ij} V z_i. The scores come from :func:`iclab.core.kernels.gram` with the n
+context tokens as sources and all n+1 tokens as targets; ``softmax`` is normalised over the n
+sources of each target (eq. 6 / 12).
+
+Score parameterisations (``qk``):
+
+* ``blocks`` B, C ∈ R^{d×d}: scores h̃(B x_i, C x_j) on the covariates only (Asm. 2.1).
+* ``full``   Q, K ∈ R^{D×D}: standard attention h̃(Q z_i, K z_j) on the whole token (Examples 1-3;
+             with Q = [[B, 0], [0, 0]], K = [[C, 0], [0, 0]] it equals ``blocks``).
+
+Value parameterisations (``value``):
+
+* ``sparse`` V = [[A, 0], [0, r]] (Asm. 4.4; Thm 4.6).
+* ``label``  V = [[0, 0], [0, r]], i.e. A ≡ 0 (Thm 4.5; Prop. 3.1): only the label row moves.
+* ``full``   V ∈ R^{D×D} free.
+
+The paper has no 1/n factor (the steps r absorb it); the authors' code divides every head's
+output by n: ``divide_by_n``. The paper reads out −ŷ = [Z_L]_{d+1,n+1} (the loss (5) is
+E([Z_L]_{d+1,n+1} + y)²); :meth:`KernelTransformer.predict` returns +ŷ = −[Z_L]_{d+1,n+1}.
+
+Linear h̃ is evaluated by associativity, Δ_j = V (Σ_i z_i u_iᵀ) w_j: O(n·D²), no score matrix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from iclab.core.episode import Episode
+from iclab.core.errors import ShapeError, require
+from iclab.core.kernels import gram
+from iclab.models.linear_attention import embed
+
+Activation = Literal["linear", "relu", "exp", "softmax"]
+ACTIVATIONS = ("linear", "relu", "exp", "softmax")
+Value = Literal["sparse", "label", "full"]
+VALUES = ("sparse", "label", "full")
+QK = Literal["blocks", "full"]
+QKS = ("blocks", "full")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelTransformerConfig:
+    d: int = 5  # input dimension; tokens are D = d + 1 wide (label last)
+    n_layers: int = 3
+    activations: tuple[str, ...] = ("softmax",)  # h̃ of each head; n_heads = len(activations) (eq. 26)
+    value: Value = "sparse"  # V = [[A, 0], [0, r]] (Asm. 4.4); "label": A ≡ 0 (Thm 4.5); "full"
+    qk: QK = "blocks"  # B, C (d×d, Asm. 2.1) or full Q, K (D×D)
+    sigma: float = 1.0  # exp / softmax bandwidth: exp(uᵀw/σ²) (the authors' code: σ² = 2)
+    divide_by_n: bool = False  # the paper: no 1/n; the authors' code: every head's output / n
+    init_std: float = 0.1  # i.i.d. N(0, init_std²) for every free entry (App. H.1; the code's 0.1)
+    exp_logit_cap: float | None = None  # exp heads: exp(min(uᵀw/σ², cap)); None: exact (a training guard)
+
+    def __post_init__(self) -> None:
+        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
+        require(self, "n_layers", isinstance(self.n_layers, int) and self.n_layers >= 1, "an int >= 1")
+        acts = tuple(self.activations) if isinstance(self.activations, (tuple, list)) else None
+        require(
+            self,
+            "activations",
+            bool(acts) and all(a in ACTIVATIONS for a in acts),  # type: ignore[union-attr]
+            f"a non-empty tuple of names from {ACTIVATIONS}, one per head",
+        )
+        object.__setattr__(self, "activations", acts)
+        require(self, "value", self.value in VALUES, f"one of {VALUES}")
+        require(self, "qk", self.qk in QKS, f"one of {QKS}")
+        require(self, "sigma", float(self.sigma) > 0, "a float > 0")
+        require(self, "divide_by_n", isinstance(self.divide_by_n, bool), "a bool")
+        require(self, "init_std", float(self.init_std) >= 0, "a float >= 0")
+        cap = self.exp_logit_cap
+        require(self, "exp_logit_cap", cap is None or float(cap) > 0, "null or a float > 0")
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.activations)
+
+
+class KernelAttention(nn.Module):
+    """One residual layer z ← z + Σ_s Δ_s(z) with per-head h̃^s, eq. (26) (eq. (3) for one head).
+
+    Parameters are stacked over heads: ``A`` (H, d, d) and ``r`` (H,) for the Asm.-4.4 value
+    (``r`` only when A ≡ 0; ``V_free`` (H, D, D) for ``value='full'``), ``B_free``/``C_free``
+    (H, d, d) or ``Q_free``/``K_free`` (H, D, D). The properties ``V``, ``Q``, ``K`` (H, D, D) give
+    the paper's matrices whatever the parameterisation.
+    """
+
+    def __init__(
+        self,
+        d: int,
+        *,
+        activations: tuple[str, ...] = ("softmax",),
+        value: Value = "sparse",
+        qk: QK = "blocks",
+        sigma: float = 1.0,
+        divide_by_n: bool = False,
+        init_std: float = 0.1,
+        exp_logit_cap: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        cfg = KernelTransformerConfig(
+            d=d,
+            n_layers=1,
+            activations=activations,
+            value=value,
+            qk=qk,
+            sigma=sigma,
+            divide_by_n=divide_by_n,
+            init_std=init_std,
+            exp_logit_cap=exp_logit_cap,
+        )
+        self.d, self.D, self.n_heads = d, d + 1, cfg.n_heads
+        self.exp_logit_cap = exp_logit_cap
+        self.activations, self.value, self.qk = cfg.activations, value, qk
+        self.sigma, self.divide_by_n = float(sigma), divide_by_n
+        H = self.n_heads
+
+        def param(*shape: int) -> nn.Parameter:
+            if init_std == 0:  # no draw from any random state
+                return nn.Parameter(torch.zeros(H, *shape))
+            return nn.Parameter(torch.randn(H, *shape, generator=generator) * init_std)
+
+        if value == "full":
+            self.V_free = param(self.D, self.D)
+        else:
+            self.r_free = param()
+            if value == "sparse":
+                self.A_free = param(d, d)
+        if qk == "blocks":
+            self.B_free, self.C_free = param(d, d), param(d, d)
+        else:
+            self.Q_free, self.K_free = param(self.D, self.D), param(self.D, self.D)
+
+    # --- the paper's matrices ------------------------------------------------------------------
+    def _ref(self) -> Tensor:
+        return self.B_free if self.qk == "blocks" else self.Q_free
+
+    @property
+    def A(self) -> Tensor:
+        """(H, d, d): the covariate block of V (zeros when A ≡ 0)."""
+        if self.value == "full":
+            return self.V_free[:, : self.d, : self.d]
+        if self.value == "label":
+            ref = self.r_free
+            return torch.zeros(self.n_heads, self.d, self.d, dtype=ref.dtype, device=ref.device)
+        return self.A_free
+
+    @property
+    def r(self) -> Tensor:
+        """(H,): the label entry V_{D,D}."""
+        return self.V_free[:, -1, -1] if self.value == "full" else self.r_free
+
+    @property
+    def V(self) -> Tensor:
+        """(H, D, D) value matrix in the paper's orientation."""
+        if self.value == "full":
+            return self.V_free
+        V = torch.zeros(self.n_heads, self.D, self.D, dtype=self.r_free.dtype, device=self.r_free.device)
+        V[:, -1, -1] = self.r_free
+        if self.value == "sparse":
+            V[:, : self.d, : self.d] = self.A_free
+        return V
+
+    @property
+    def B(self) -> Tensor:
+        """(H, d, d): the source ("query" in the paper's words) transform; Q's top-left block for ``qk='full'``."""
+        return self.B_free if self.qk == "blocks" else self.Q_free[:, : self.d, : self.d]
+
+    @property
+    def C(self) -> Tensor:
+        """(H, d, d): the target ("key") transform; K's top-left block for ``qk='full'``."""
+        return self.C_free if self.qk == "blocks" else self.K_free[:, : self.d, : self.d]
+
+    @property
+    def Q(self) -> Tensor:
+        """(H, D, D): [[B, 0], [0, 0]] (Asm. 2.1) or the free Q."""
+        if self.qk == "full":
+            return self.Q_free
+        return nn.functional.pad(self.B_free, (0, 1, 0, 1))
+
+    @property
+    def K(self) -> Tensor:
+        """(H, D, D): [[C, 0], [0, 0]] (Asm. 2.1) or the free K."""
+        if self.qk == "full":
+            return self.K_free
+        return nn.functional.pad(self.C_free, (0, 1, 0, 1))
+
+    # --- forward ---------------------------------------------------------------------------
+    def forward(self, z: Tensor, n: int) -> Tensor:
+        """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources; all T are targets."""
+        ctx = z[:, :n]  # (B, n, D): M drops the query as a source
+        feats = z if self.qk == "full" else z[..., : self.d]  # (B, T, D or d)
+        left = self.Q_free if self.qk == "full" else self.B_free  # (H, ·, ·) applied to sources
+        right = self.K_free if self.qk == "full" else self.C_free  # applied to targets
+        if self.value == "label":
+            vals = ctx[..., -1:].unsqueeze(1) * self.r_free[None, :, None, None]  # (B, H, n, 1)
+        else:
+            vals = torch.einsum("bid,hed->bhie", ctx, self.V)  # (B, H, n, D): V_s z_i
+        out = torch.zeros_like(z[..., -1:] if self.value == "label" else z)  # (B, T, D or 1)
+        for s, act in enumerate(self.activations):
+            u = feats[:, :n] @ left[s].T  # (B, n, ·): B x_i (sources)
+            w = feats @ right[s].T  # (B, T, ·): C x_j (targets)
+            if act == "linear":  # associativity: Δ_j = (Σ_i v_i u_iᵀ) w_j, no (n, T) scores
+                g = u.transpose(1, 2) @ vals[:, s]  # (B, ·, D or 1)
+                out = out + w @ g
+                continue
+            if act == "exp" and self.exp_logit_cap is not None:  # overflow guard: exact below the cap
+                logits = (u @ w.transpose(1, 2)) / self.sigma**2  # (B, n, T)
+                scores = torch.exp(logits.clamp(max=self.exp_logit_cap))
+            else:
+                scores = gram(act, u, w, sigma=self.sigma)  # (B, n, T), softmax over the n sources
+            out = out + scores.transpose(1, 2) @ vals[:, s]
+        if self.divide_by_n:
+            out = out / n
+        if self.value == "label":
+            return torch.cat([z[..., :-1], z[..., -1:] + out], dim=-1)
+        return z + out
+
+
+class KernelTransformer(nn.Module):
+    """L residual kernel-attention layers with the read-out ŷ = −[Z_L]_{d+1, n+1} (eq. 4-5).
+
+    ``predict`` returns +ŷ; ``trace`` also returns Z_0ᵀ … Z_Lᵀ and takes the Lemma-A.1 mode
+    (``query_label``: the true y_{n+1} in the query's label slot, which shifts the last slot by
+    exactly y_{n+1} and changes nothing else).
+    """
+
+    def __init__(
+        self, config: KernelTransformerConfig | None = None, *, generator: torch.Generator | None = None
+    ) -> None:
+        super().__init__()
+        self.config = config = config or KernelTransformerConfig()
+        self.layers = nn.ModuleList(
+            KernelAttention(
+                config.d,
+                activations=config.activations,
+                value=config.value,
+                qk=config.qk,
+                sigma=config.sigma,
+                divide_by_n=config.divide_by_n,
+                init_std=config.init_std,
+                exp_logit_cap=config.exp_logit_cap,
+                generator=generator,
+            )
+            for _ in range(config.n_layers)
+        )
+
+    def _check(self, episode: Episode) -> None:
+        if episode.y is None:
+            raise ValueError(
+                "KernelTransformer needs a regression episode (float labels y); got a classification episode"
+            )
+        if episode.d != self.config.d:
+            raise ShapeError(f"KernelTransformer was built for d={self.config.d}; got an episode with d={episode.d}")
+        dtype = self.layers[0]._ref().dtype
+        if episode.dtype != dtype:
+            raise ShapeError(
+                f"KernelTransformer has {dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={dtype}))"
+            )
+
+    def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ). ``states[ℓ][:, :, -1]`` is the label row:
+        the residuals y_i − f_ℓ(x_i) at the demonstrations and −f_ℓ(x_q) at the query (eq. 22)."""
+        self._check(episode)
+        z = embed(episode, query_label)
+        states = [z]
+        for layer in self.layers:
+            z = layer(z, episode.n)
+            states.append(z)
+        return -z[:, -1, -1], torch.stack(states)
+
+    def forward(self, episode: Episode) -> Tensor:
+        self._check(episode)
+        z = embed(episode)
+        for layer in self.layers:
+            z = layer(z, episode.n)
+        return -z[:, -1, -1]  # (B,) the paper reads out −[Z_L]_{d+1,n+1}
+
+    def predict(self, episode: Episode) -> Tensor:
+        """+ŷ for the query of every prompt, (B,)."""
+        return self(episode)
+
+    # --- the matrices theory talks about, stacked over layers (L, H, ·, ·) ---------------------
+    def _stack(self, name: str) -> Tensor:
+        return torch.stack([getattr(layer, name) for layer in self.layers])
+
+    @property
+    def A(self) -> Tensor:
+        """(L, H, d, d)."""
+        return self._stack("A")
+
+    @property
+    def r(self) -> Tensor:
+        """(L, H)."""
+        return self._stack("r")
+
+    @property
+    def V(self) -> Tensor:
+        """(L, H, D, D)."""
+        return self._stack("V")
+
+    @property
+    def B(self) -> Tensor:
+        """(L, H, d, d)."""
+        return self._stack("B")
+
+    @property
+    def C(self) -> Tensor:
+        """(L, H, d, d)."""
+        return self._stack("C")
+
+    @property
+    def Q(self) -> Tensor:
+        """(L, H, D, D)."""
+        return self._stack("Q")
+
+    @property
+    def K(self) -> Tensor:
+        """(L, H, D, D)."""
+        return self._stack("K")
+
+    @property
+    def BtC(self) -> Tensor:
+        """(L, H, d, d): B_ℓᵀC_ℓ, the only identifiable part of (B_ℓ, C_ℓ) (Remark E.2)."""
+        B = self.B
+        return B.transpose(-1, -2) @ self.C
+
+    @torch.no_grad()
+    def load_matrices(self, **blocks: Tensor) -> KernelTransformer:
+        """Set the free parameters from stacked (L, H, ...) tensors, or (L, ...) for every head alike.
+
+        Names: ``r`` (and ``A`` for ``value='sparse'``) or ``V`` for ``value='full'``; ``B``, ``C``
+        or ``Q``, ``K`` for ``qk='full'``. Every free parameter must be given. Returns self.
+        """
+        cfg = self.config
+        names = {"full": ("V",), "sparse": ("A", "r"), "label": ("r",)}[cfg.value]
+        names += ("B", "C") if cfg.qk == "blocks" else ("Q", "K")
+        require(
+            "KernelTransformer.load_matrices",
+            "blocks",
+            set(blocks) == set(names),
+            f"exactly {names} for value={cfg.value!r}, qk={cfg.qk!r}",
+            sorted(blocks),
+        )
+        for name, value in blocks.items():
+            value = torch.as_tensor(value)
+            per_head = 2 if name == "r" else 4
+            if value.dim() == per_head - 1:
+                value = value.unsqueeze(1).expand(-1, cfg.n_heads, *value.shape[1:])
+            target_shape = (cfg.n_layers, *getattr(self.layers[0], f"{name}_free").shape)
+            require(
+                "KernelTransformer.load_matrices",
+                name,
+                tuple(value.shape) == target_shape,
+                f"shape (L, H, ...) = {target_shape} or (L, ...) = {(target_shape[0], *target_shape[2:])}",
+                tuple(value.shape),
+            )
+            for layer, v in zip(self.layers, value, strict=True):
+                getattr(layer, f"{name}_free").copy_(v)
+        return self

@@ -1,0 +1,242 @@
+"""Few-shot classification episodes from a fixed feature array (Wang et al. 2025, §6.2, offline substitute).
+
+The paper's in-context ImageNet task: pick ``ways`` = 5 distinct classes, ``shots`` = 10 images of each
+(N = 50 context pairs), and one more image of one of the 5 classes as the query; labels 0..4 are a
+fresh random permutation of the 5 classes in every episode, and the context order is shuffled. The
+covariates are frozen VGG16 features (d = 512) and training and test episodes use disjoint classes
+(900 / 100).
+
+:class:`FeatureEpisodes` implements that protocol for *any* (N, F) feature array with N integer labels,
+so real features (e.g. ImageNet VGG16 features, N × 512) plug in unchanged::
+
+    train = FeatureEpisodes(feats, labels, ways=5, shots=10, classes=train_classes)
+    ep = train.sample(2048, 50, generator=iclab.generator(0))   # x (2048, 50, 512), labels in [0, 5)
+
+:func:`digits_episodes` is the offline stand-in used by the experiments: scikit-learn's bundled
+8×8 digits (1797 images, ≥ 174 per class; no download), classes 0–4 for training episodes and 5–9
+for test episodes, features from a fixed seeded extractor (:func:`digits_features`).
+
+Departures from the authors' code (spec 004 §6 item 9): the query class is uniform over the episode's
+classes (their torch ``ImageNet`` dataset always gives the query the label C − 1, a label leak), the
+query image is never one of the context images, and every draw uses the caller's generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from iclab.core.episode import Episode
+from iclab.core.errors import require
+from iclab.core.seeding import derive_seed, generator
+
+#: Disjoint class splits of the digits stand-in (spec 004 §4.5).
+DIGITS_TRAIN_CLASSES = (0, 1, 2, 3, 4)
+DIGITS_TEST_CLASSES = (5, 6, 7, 8, 9)
+
+
+@dataclass(frozen=True, eq=False)
+class FeatureEpisodes:
+    """``ways``-way ``shots``-shot episodes over the classes ``classes`` of a feature array.
+
+    Args:
+        features: (N, F) float array or tensor, one feature vector per example (kept in float64 on CPU;
+            :meth:`sample` moves it to the generator's device and dtype once and caches it).
+        labels: (N,) integer class ids >= 0.
+        ways: classes per episode (C of the episode); labels are in [0, ways).
+        shots: context examples per class; an episode has n = ways·shots context pairs.
+        classes: the class ids episodes are drawn from (e.g. the training split); None = every id in
+            ``labels``. Each needs at least shots + 1 examples (the query is an extra example).
+
+    ``task['classes'] (B, ways)``: the original class id behind each episode label (per prompt).
+    """
+
+    features: Tensor | np.ndarray
+    labels: Tensor | np.ndarray
+    ways: int = 5
+    shots: int = 10
+    classes: Sequence[int] | Tensor | None = None
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        feats = self.features if isinstance(self.features, Tensor) else torch.from_numpy(np.array(self.features))
+        labels = self.labels if isinstance(self.labels, Tensor) else torch.from_numpy(np.array(self.labels))
+        require(self, "features", feats.dim() == 2, "an (N, F) array", f"shape {tuple(feats.shape)}")
+        require(self, "features", feats.is_floating_point(), "a float array", feats.dtype)
+        require(self, "features", feats.shape[0] >= 1 and feats.shape[1] >= 1, "non-empty", tuple(feats.shape))
+        require(self, "features", bool(torch.isfinite(feats).all()), "finite", "non-finite entries")
+        require(self, "labels", labels.dim() == 1, "a 1-D array of N labels", f"shape {tuple(labels.shape)}")
+        require(
+            self,
+            "labels",
+            labels.shape[0] == feats.shape[0],
+            f"one label per feature row (N = {feats.shape[0]})",
+            f"{labels.shape[0]} labels",
+        )
+        require(self, "labels", not labels.dtype.is_floating_point and labels.dtype != torch.bool, "integers",
+                labels.dtype)  # fmt: skip
+        labels = labels.long()
+        require(self, "labels", int(labels.min()) >= 0, "class ids >= 0", f"min {int(labels.min())}")
+        require(self, "ways", isinstance(self.ways, int) and self.ways >= 2, "an int >= 2")
+        require(self, "shots", isinstance(self.shots, int) and self.shots >= 1, "an int >= 1")
+        present = torch.unique(labels)
+        classes = present if self.classes is None else torch.as_tensor(list(self.classes), dtype=torch.long).unique()
+        missing = sorted(set(classes.tolist()) - set(present.tolist()))
+        require(self, "classes", not missing, "class ids that occur in labels", f"ids {missing} not in labels")
+        require(
+            self,
+            "classes",
+            classes.numel() >= self.ways,
+            f"at least ways = {self.ways} classes",
+            f"{classes.numel()} classes",
+        )
+        counts = torch.stack([(labels == c).sum() for c in classes])  # (K,)
+        short = {int(c): int(k) for c, k in zip(classes, counts) if int(k) < self.shots + 1}
+        require(
+            self,
+            "shots",
+            not short,
+            f"an int <= (examples per class) − 1, the query being an extra example (class: count {short})",
+        )
+        table = torch.full((classes.numel(), int(counts.max())), -1, dtype=torch.long)  # (K, max count)
+        for i, c in enumerate(classes.tolist()):
+            idx = torch.nonzero(labels == c).reshape(-1)
+            table[i, : idx.numel()] = idx
+        object.__setattr__(self, "features", feats.detach().to("cpu", torch.float64))
+        object.__setattr__(self, "labels", labels.cpu())
+        object.__setattr__(self, "classes", classes)
+        self._cache["table"], self._cache["counts"] = table, counts
+
+    @property
+    def n(self) -> int:
+        """Context pairs per episode: ways · shots."""
+        return self.ways * self.shots
+
+    @property
+    def feature_dim(self) -> int:
+        return self.features.shape[1]
+
+    def _on(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        key = (str(device), dtype)
+        if key not in self._cache:
+            self._cache[key] = (
+                self.features.to(device, dtype),
+                self._cache["table"].to(device),
+                self._cache["counts"].to(device),
+                self.classes.to(device),
+            )
+        return self._cache[key]
+
+    def sample(
+        self, batch: int, n: int | None = None, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
+    ) -> Episode:
+        """``batch`` episodes on ``generator.device``; ``n`` (optional, the Task signature) must equal ways·shots."""
+        require(self, "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
+        require(self, "n", n is None or n == self.n, f"None or ways·shots = {self.n}", n)
+        dev = generator.device
+        feats, table, _counts, classes = self._on(dev, dtype)
+        B, W, S, K = batch, self.ways, self.shots, classes.numel()
+        chosen = torch.rand(B, K, generator=generator, device=dev, dtype=torch.float64).argsort(1)[:, :W]  # (B, W)
+        keys = torch.rand(B, W, table.shape[1], generator=generator, device=dev, dtype=torch.float64)
+        keys = keys.masked_fill(table[chosen] < 0, 2.0)  # padding sorts last
+        picks = table[chosen].gather(2, keys.argsort(-1)[..., : S + 1])  # (B, W, S+1) example ids, distinct
+        perm = torch.rand(B, W, generator=generator, device=dev, dtype=torch.float64).argsort(1)  # label of way w
+        q_way = torch.randint(0, W, (B,), generator=generator, device=dev)  # (B,)
+        order = torch.rand(B, W * S, generator=generator, device=dev, dtype=torch.float64).argsort(1)  # shuffle
+
+        ctx = picks[:, :, :S].reshape(B, W * S).gather(1, order)  # (B, n) example ids
+        ctx_labels = perm.repeat_interleave(S, dim=1).gather(1, order)  # (B, n) in [0, W)
+        rows = torch.arange(B, device=dev)
+        query = picks[rows, q_way, S]  # (B,)
+        by_label = torch.empty_like(chosen).scatter_(1, perm, classes[chosen])  # (B, W): class id of label j
+        return Episode(
+            x=feats[ctx],
+            x_query=feats[query],
+            labels=ctx_labels,
+            label_query=perm[rows, q_way],
+            task={"classes": by_label},
+            batched=("classes",),
+        )
+
+
+def _extract(pixels: np.ndarray, extractor: str, width: int, seed: int, train_rows: np.ndarray) -> np.ndarray:
+    z = torch.as_tensor(pixels / 8.0 - 1.0)  # (N, 64) grey levels 0..16 -> [−1, 1]
+    if extractor == "random_relu":
+        g = generator(derive_seed(seed, "digits-extractor"))
+        w = torch.randn(z.shape[1], width, generator=g, dtype=torch.float64) / z.shape[1] ** 0.5
+        b = torch.rand(width, generator=g, dtype=torch.float64) * 2 - 1
+        z = torch.relu(z @ w + b)  # (N, width)
+    mean, std = z[train_rows].mean(0), z[train_rows].std(0)
+    return ((z - mean) / torch.where(std > 1e-8, std, torch.ones_like(std))).numpy()
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits, (1797, 64) grey levels 0..16 and (1797,) labels.
+
+    Reads the CSV that ships inside the scikit-learn wheel directly (what ``load_digits`` reads),
+    which skips the multi-second ``sklearn`` import; falls back to ``load_digits`` if the file moved.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is not None and path.exists():
+        table = np.loadtxt(path, delimiter=",")
+        return table[:, :-1].astype(np.float64), table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    return data.data.astype(np.float64), data.target.astype(np.int64)
+
+
+@lru_cache(maxsize=8)
+def digits_features(
+    extractor: Literal["random_relu", "pixels"] = "random_relu", width: int = 256, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels of scikit-learn's bundled digits: ``(1797, F)`` float64, ``(1797,)`` int64.
+
+    The fixed seeded extractor standing in for a frozen VGG16:
+
+    * ``'random_relu'`` (default): φ(x) = ReLU(W z + b), z = pixels/8 − 1 ∈ [−1, 1]^64, W ∈ R^{64×F}
+      iid N(0, 1/64), b iid U[−1, 1], drawn from ``derive_seed(seed, 'digits-extractor')``; F = ``width``.
+    * ``'pixels'``: z itself (F = 64).
+
+    Every feature is then standardised with the mean and std over the *training* classes' images
+    (classes 0–4), so no statistic of the test classes enters the extractor.
+    """
+    require("digits_features", "extractor", extractor in ("random_relu", "pixels"), "'random_relu' or 'pixels'",
+            extractor)  # fmt: skip
+    require("digits_features", "width", isinstance(width, int) and width >= 1, "an int >= 1", width)
+    pixels, labels = _load_digits()
+    train_rows = np.isin(labels, DIGITS_TRAIN_CLASSES)
+    feats = _extract(pixels, extractor, width, seed, train_rows)
+    feats.setflags(write=False)
+    labels.setflags(write=False)
+    return feats, labels
+
+
+def digits_episodes(
+    split: Literal["train", "test"] = "train",
+    *,
+    ways: int = 5,
+    shots: int = 10,
+    extractor: Literal["random_relu", "pixels"] = "random_relu",
+    width: int = 256,
+    seed: int = 0,
+) -> FeatureEpisodes:
+    """5-way 10-shot digits episodes on the training classes 0–4 or the held-out test classes 5–9.
+
+    With 5 classes per split and ``ways = 5`` every episode holds all classes of its split; what varies
+    is the images, the label permutation, the query class and the order.
+    """
+    require("digits_episodes", "split", split in ("train", "test"), "'train' or 'test'", split)
+    feats, labels = digits_features(extractor, width, seed)
+    classes = DIGITS_TRAIN_CLASSES if split == "train" else DIGITS_TEST_CLASSES
+    return FeatureEpisodes(feats, labels, ways=ways, shots=shots, classes=classes)

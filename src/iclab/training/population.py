@@ -1,0 +1,456 @@
+"""The training regimes of Zhang, Singh, Latham, Saxe 2025: population flow, full-batch GD, online SGD.
+
+Every function trains a reduced linear-attention model (:class:`~iclab.models.MergedAttention`,
+:class:`~iclab.models.SeparateAttention`, optionally with a leading seed axis) in place and returns a
+:class:`Trajectory`. The loss is the query MSE without ½ (eq. 5), so a GD step with learning rate η is
+an Euler step of τ dθ/dt = −½ ∂L/∂θ with Δt/τ = 2η: ``Trajectory.time`` = 2·η·step.
+
+* :func:`population_flow` — GD on the exact population loss L(W) = tr Λ − 2 tr(Λ² W) + tr(Wᵀ E(Λ̂²) W Λ)
+  (spec §1.4), the gradient flow of eq. (14)/(84) and App. D with no sampling at all. This is not
+  SGD on sampled episodes, so it is its own small integrator instead of :func:`iclab.training.train`:
+  one step is a few (d, d) products, independent of any data size.
+* :func:`full_batch_gd` — the paper's regime: plain GD on a fixed training set of P sequences. The
+  models read the data only through ŷ = βᵀ W x_q, so the training loss is a quadratic in vec(W) with
+  the moments of the cubic feature z = vec(β x_qᵀ) (eq. 7, 44): they are computed once per dataset,
+  and each step then costs O(d⁴) whatever P is (``method='samples'`` keeps the O(P d²) per-step
+  evaluation from β and x_q, for checking). Other modules (e.g. softmax token-level models) fall back
+  to autograd on ``model.predict``.
+* :func:`online_sgd` — SGD on a fresh batch every step, through the shared trainer.
+
+Next-token loss (eq. 23): ``next_token=True`` trains on every prefix of each sequence
+(:func:`~iclab.models.reduced_attention.prefix_statistics`); the population counterpart is
+:func:`population_flow` with ``inv_n = expected_inv_n(N_max)`` (eq. 26).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from iclab.core.episode import Episode
+from iclab.core.errors import require
+from iclab.core.io import atomic_torch_save, atomic_write_text
+from iclab.models.reduced_attention import _ReducedAttention, context_statistic, prefix_statistics
+from iclab.theory.attention_dynamics import population_loss, second_moment_hat
+
+__all__ = ["Trajectory", "full_batch_gd", "online_sgd", "population_flow"]
+
+
+@dataclass
+class Trajectory:
+    """What every training mode returns; with ``n_seeds = S`` every per-run quantity leads with S.
+
+    ``loss`` is the exact population loss L(W) at the recorded steps when Λ is known (always for
+    :func:`population_flow`), otherwise the training loss; ``train_loss`` is the loss on the fixed
+    training set (finite P), None otherwise. ``params`` holds name -> (T, ...) or (S, T, ...).
+    """
+
+    steps: Tensor  # (T,) step indices recorded
+    time: Tensor  # (T,) t/τ = 2·lr·step (eq. 5)
+    loss: Tensor  # (T,) or (S, T)
+    params: dict[str, Tensor]
+    train_loss: Tensor | None = None  # (T,) or (S, T)
+    meta: dict[str, Any] = field(default_factory=dict)  # mode, lr, inv_n, ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain lists and numbers (JSON-able); :meth:`from_dict` inverts it."""
+
+        def lst(t: Tensor) -> Any:
+            return t.detach().cpu().tolist()
+
+        return {
+            "steps": lst(self.steps),
+            "time": lst(self.time),
+            "loss": lst(self.loss),
+            "params": {k: lst(v) for k, v in self.params.items()},
+            "train_loss": None if self.train_loss is None else lst(self.train_loss),
+            "meta": self.meta,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        f64 = torch.float64
+        return cls(
+            steps=torch.tensor(data["steps"], dtype=torch.long),
+            time=torch.tensor(data["time"], dtype=f64),
+            loss=torch.tensor(data["loss"], dtype=f64),
+            params={k: torch.tensor(v, dtype=f64) for k, v in data["params"].items()},
+            train_loss=None if data["train_loss"] is None else torch.tensor(data["train_loss"], dtype=f64),
+            meta=dict(data.get("meta", {})),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        """``.json``: :meth:`to_dict` as JSON (float64 round trip); anything else: a torch file."""
+        path = Path(path)
+        if path.suffix == ".json":
+            atomic_write_text(path, json.dumps(self.to_dict()))
+        else:
+            atomic_torch_save(path, {**self.__dict__})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trajectory:
+        path = Path(path)
+        if path.suffix == ".json":
+            return cls.from_dict(json.loads(path.read_text()))
+        return cls(**torch.load(path, map_location="cpu", weights_only=False))
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _check_common(owner: str, model: nn.Module, lr: float, steps: int, record_every: int) -> None:
+    require(owner, "lr", float(lr) > 0, "a float > 0", lr)
+    require(owner, "steps", isinstance(steps, int) and steps >= 0, "an int >= 0", steps)
+    require(owner, "record_every", isinstance(record_every, int) and record_every >= 1, "an int >= 1", record_every)
+
+
+def _require_reduced(owner: str, model: nn.Module) -> _ReducedAttention:
+    require(
+        owner,
+        "model",
+        isinstance(model, _ReducedAttention),
+        "a reduced linear-attention model (MergedAttention or SeparateAttention)",
+        type(model).__name__,
+    )
+    assert isinstance(model, _ReducedAttention)
+    return model
+
+
+def _record_steps(steps: int, record_every: int) -> list[int]:
+    out = list(range(0, steps + 1, record_every))
+    return out if out[-1] == steps else [*out, steps]
+
+
+def _seeds_first(t: Tensor, batched: bool) -> Tensor:
+    """(T, S, ...) -> (S, T, ...) when the model carries seeds."""
+    return t.movedim(0, 1).contiguous() if batched else t
+
+
+def _population(model: _ReducedAttention, params: dict[str, Tensor], Lambda: Tensor, inv_n: float) -> Tensor:
+    """Exact population loss of stacked snapshots (T, [S], ...) -> (T, [S])."""
+    W = model.effective_matrix(params)
+    return population_loss(W, Lambda.to(device=W.device, dtype=W.dtype), inv_n)
+
+
+def _finish(
+    model: _ReducedAttention,
+    snaps: dict[str, list[Tensor]],
+    rec: list[int],
+    lr: float,
+    loss: Tensor,
+    train_loss: Tensor | None,
+    meta: dict[str, Any],
+) -> Trajectory:
+    batched = model.n_seeds is not None
+    params = {k: _seeds_first(torch.stack(v), batched).cpu() for k, v in snaps.items()}
+    steps = torch.tensor(rec, dtype=torch.long)
+    return Trajectory(
+        steps=steps,
+        time=2.0 * lr * steps.to(torch.float64),
+        loss=_seeds_first(loss, batched).cpu(),
+        params=params,
+        train_loss=None if train_loss is None else _seeds_first(train_loss, batched).cpu(),
+        meta={"lr": float(lr), "n_seeds": model.n_seeds, **meta},
+    )
+
+
+def _nonfinite(owner: str, params: dict[str, Tensor], lr: float) -> None:
+    if not all(bool(torch.isfinite(v).all()) for v in params.values()):
+        raise FloatingPointError(f"{owner}: parameters became non-finite (lr={lr}); lower the learning rate")
+
+
+# --- population flow -------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def population_flow(
+    model: nn.Module, Lambda: Tensor, *, inv_n: float, lr: float, steps: int, record_every: int = 1
+) -> Trajectory:
+    """GD with learning rate ``lr`` on the exact population loss (Euler steps of eq. 14/84, Δt = 2·lr·τ).
+
+    x ~ N(0, Λ), w ~ N(0, I), noiseless, ``inv_n`` = 1/N (fixed context length) or E(1/N) (varying
+    length / next-token loss, eq. 26). Per step: W = effective matrix, G = Λ² − E(Λ̂²) W Λ (eq. 57),
+    θ ← θ + 2·lr·(−½ ∂L/∂θ)(G) from :meth:`parameter_flow`. All seeds of a batched model step together.
+    Updates ``model`` in place; the recorded losses come from
+    :func:`iclab.theory.attention_dynamics.population_loss` on the snapshots.
+    """
+    owner = "population_flow"
+    _check_common(owner, model, lr, steps, record_every)
+    m = _require_reduced(owner, model)
+    params = m.params()
+    ref = params["v"]
+    Lam = torch.as_tensor(Lambda).to(device=ref.device, dtype=ref.dtype)
+    A = second_moment_hat(Lam, inv_n)  # E(Λ̂²), validates Λ and inv_n
+    L2 = Lam @ Lam
+    rec = _record_steps(steps, record_every)
+    rec_set = set(rec)
+    snaps: dict[str, list[Tensor]] = {k: [] for k in params}
+    for step in range(steps + 1):
+        if step in rec_set:
+            for k, v in params.items():
+                snaps[k].append(v.clone())
+        if step == steps:
+            break
+        W = m.effective_matrix(params)  # (…, d, d)
+        G = L2 - A @ W @ Lam  # −½ ∂L/∂W, eq. (57)
+        for k, g in m.parameter_flow(G, params).items():
+            params[k].add_(g, alpha=2.0 * lr)
+    _nonfinite(owner, params, lr)
+    m.load_params(params)
+    stacked = {k: torch.stack(v) for k, v in snaps.items()}
+    loss = _population(m, stacked, Lam, inv_n)
+    return _finish(m, snaps, rec, lr, loss, None, {"mode": "population_flow", "inv_n": float(inv_n)})
+
+
+# --- full-batch GD on a fixed training set ---------------------------------------------------------
+
+
+def _statistics(episode: Episode, next_token: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """(β, x_q, y_q) of every regression problem in the training set: (P, d), (P, d), (P,)."""
+    if next_token:
+        beta, xq, yq = prefix_statistics(episode)
+        d = episode.d
+        return beta.reshape(-1, d), xq.reshape(-1, d), yq.reshape(-1)
+    if episode.y_query is None:
+        raise ValueError("full_batch_gd needs training episodes with y_query (the targets)")
+    return context_statistic(episode), episode.x_query, episode.y_query
+
+
+def _moments(beta: Tensor, xq: Tensor, yq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """E_P(z zᵀ) (d², d²), E_P(y z) (d²,), E_P(y²) () for z = row-major vec(β x_qᵀ)."""
+    z = (beta.unsqueeze(-1) * xq.unsqueeze(-2)).flatten(-2)  # (P, d²)
+    P = z.shape[0]
+    return z.T @ z / P, z.T @ yq / P, yq.pow(2).mean()
+
+
+@torch.no_grad()
+def _full_batch_reduced(
+    m: _ReducedAttention,
+    data: list[tuple[Tensor, Tensor, Tensor]],
+    lr: float,
+    steps: int,
+    record_every: int,
+    method: str,
+) -> tuple[dict[str, list[Tensor]], list[int], Tensor]:
+    params = m.params()
+    d = m.d
+    per_seed = len(data) > 1
+    stack = (lambda ts: torch.stack(ts)) if per_seed else (lambda ts: ts[0])
+    if method == "moments":
+        mom = [_moments(*t) for t in data]
+        M, c, yy = (stack([x[i] for x in mom]) for i in range(3))  # ([S,] d², d²), ([S,] d²), ([S,])
+    else:
+        beta, xq, yq = (stack([x[i] for x in data]) for i in range(3))  # ([S,] P, d), ..., ([S,] P)
+    rec = _record_steps(steps, record_every)
+    rec_set = set(rec)
+    snaps: dict[str, list[Tensor]] = {k: [] for k in params}
+    losses: list[Tensor] = []
+    for step in range(steps + 1):
+        W = m.effective_matrix(params)  # ([S,] d, d)
+        if method == "moments":
+            w = W.flatten(-2)  # ([S,] d²)
+            Mw = (M @ w.unsqueeze(-1)).squeeze(-1)
+            G = (c - Mw).unflatten(-1, (d, d))  # mean(r β x_qᵀ) = −½ ∂L/∂W
+            if step in rec_set:
+                losses.append(yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1))
+        else:
+            r = yq - torch.einsum("...pi,...ij,...pj->...p", beta, W, xq)  # ([S,] P) residuals
+            G = torch.einsum("...p,...pi,...pj->...ij", r, beta, xq) / r.shape[-1]
+            if step in rec_set:
+                losses.append(r.pow(2).mean(-1))
+        if step in rec_set:
+            for k, v in params.items():
+                snaps[k].append(v.clone())
+        if step == steps:
+            break
+        for k, g in m.parameter_flow(G, params).items():
+            params[k].add_(g, alpha=2.0 * lr)
+    _nonfinite("full_batch_gd", params, lr)
+    m.load_params(params)
+    return snaps, rec, torch.stack(losses)
+
+
+def _full_batch_autograd(
+    model: nn.Module, episode: Episode, lr: float, steps: int, record_every: int
+) -> tuple[dict[str, list[Tensor]], list[int], Tensor]:
+    named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
+    require("full_batch_gd", "model", bool(named), "a module with trainable parameters", type(model).__name__)
+    if episode.y_query is None:
+        raise ValueError("full_batch_gd needs training episodes with y_query (the targets)")
+    rec = _record_steps(steps, record_every)
+    rec_set = set(rec)
+    snaps: dict[str, list[Tensor]] = {k: [] for k, _ in named}
+    losses: list[Tensor] = []
+    for step in range(steps + 1):
+        loss = (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
+        if step in rec_set:
+            losses.append(loss.detach())
+            for k, p in named:
+                snaps[k].append(p.detach().clone())
+        if step == steps:
+            break
+        grads = torch.autograd.grad(loss, [p for _, p in named])
+        with torch.no_grad():
+            for (_, p), g in zip(named, grads, strict=True):
+                p.sub_(g, alpha=lr)
+    _nonfinite("full_batch_gd", {k: p.detach() for k, p in named}, lr)
+    return snaps, rec, torch.stack(losses)
+
+
+def full_batch_gd(
+    model: nn.Module,
+    episodes: Episode | Sequence[Episode],
+    *,
+    lr: float,
+    steps: int,
+    record_every: int = 1,
+    Lambda: Tensor | None = None,
+    inv_n: float | None = None,
+    next_token: bool = False,
+    method: Literal["moments", "samples"] = "moments",
+) -> Trajectory:
+    """Plain GD (``torch.optim.SGD`` without momentum, whole set every step) on the MSE of a fixed
+    training set of P sequences — the regime of every figure of the paper (spec §4, §6.4).
+
+    ``episodes``: one training set, or one per seed (a sequence of S episodes for a model with
+    ``n_seeds = S``; a single set is shared by all seeds). ``Lambda`` (and ``inv_n``, default 1/N or
+    E(1/N) with ``next_token``) makes ``loss`` the exact population loss of the iterates;
+    ``train_loss`` is always the training MSE. ``next_token``: the loss of eq. (23) over all prefixes.
+
+    Reduced models use the sufficient statistics: ``method='moments'`` (default) pre-computes the
+    (d², d²) second moment of z = vec(β x_qᵀ) once, ``'samples'`` keeps β and x_q (P, d). Both are the
+    same GD up to float rounding. Any other module with ``predict`` is trained by autograd on the full
+    batch (single seed, no ``next_token``).
+    """
+    owner = "full_batch_gd"
+    _check_common(owner, model, lr, steps, record_every)
+    require(owner, "method", method in ("moments", "samples"), "'moments' or 'samples'", method)
+    eps = [episodes] if isinstance(episodes, Episode) else list(episodes)
+    require(owner, "episodes", len(eps) >= 1, "an Episode or a non-empty sequence of them", episodes)
+    n_ctx = eps[0].n
+    if inv_n is None and Lambda is not None:
+        from iclab.theory.attention_dynamics import expected_inv_n
+
+        inv_n = expected_inv_n(n_ctx) if next_token else 1.0 / n_ctx
+    meta = {"mode": "full_batch_gd", "P": eps[0].batch_size, "n": n_ctx, "next_token": next_token}
+    if not isinstance(model, _ReducedAttention):
+        require(owner, "episodes", len(eps) == 1, "one training set for a module without seeds", f"{len(eps)} sets")
+        require(owner, "next_token", not next_token, "False for token-level modules", next_token)
+        require(owner, "Lambda", Lambda is None, "None for modules without an effective matrix", "a matrix")
+        snaps, rec, train = _full_batch_autograd(model, eps[0], lr, steps, record_every)
+        params = {k: torch.stack(v).cpu() for k, v in snaps.items()}
+        steps_t = torch.tensor(rec, dtype=torch.long)
+        return Trajectory(
+            steps_t, 2.0 * lr * steps_t.to(torch.float64), train.cpu(), params, train.cpu(), {"lr": lr, **meta}
+        )
+    S = model.n_seeds
+    require(
+        owner,
+        "episodes",
+        len(eps) == 1 or len(eps) == S,
+        f"one training set or one per seed ({S})",
+        f"{len(eps)} training sets",
+    )
+    ref = model.v
+    data = []
+    for ep in eps:
+        require(owner, "episodes", ep.d == model.d, f"episodes with d = {model.d}", f"d = {ep.d}")
+        data.append(tuple(t.to(device=ref.device, dtype=ref.dtype) for t in _statistics(ep, next_token)))
+    snaps, rec, train = _full_batch_reduced(model, data, lr, steps, record_every, method)
+    if Lambda is None:
+        loss = train
+    else:
+        loss = _population(model, {k: torch.stack(v) for k, v in snaps.items()}, torch.as_tensor(Lambda), inv_n)
+        meta["inv_n"] = float(inv_n)
+    return _finish(model, snaps, rec, lr, loss, train, meta)
+
+
+# --- online SGD through the shared trainer ---------------------------------------------------------
+
+
+def online_sgd(
+    model: nn.Module,
+    task: Any,
+    *,
+    batch: int,
+    lr: float,
+    steps: int,
+    n: int,
+    generator: torch.Generator,
+    record_every: int = 1,
+    Lambda: Tensor | None = None,
+    inv_n: float | None = None,
+    next_token: bool = False,
+) -> Trajectory:
+    """SGD (no momentum) on a fresh batch of ``batch`` sequences with ``n`` context pairs every step,
+    run by :func:`iclab.training.train`; seeds of a batched model each get their own gradient (the
+    loss is summed over seeds) but see the same batches.
+
+    ``loss`` is the exact population loss of the recorded iterates, with Λ = ``task.Sigma`` and
+    inv_n = 1/n (E(1/N) with ``next_token``) unless given; the task must then be noiseless with
+    w ~ N(0, I). The trainer's seed is drawn from ``generator``.
+    """
+    from iclab.theory.attention_dynamics import expected_inv_n
+    from iclab.training.config import TrainConfig
+    from iclab.training.trainer import train
+
+    owner = "online_sgd"
+    _check_common(owner, model, lr, steps, record_every)
+    m = _require_reduced(owner, model)
+    require(owner, "steps", steps >= 1, "an int >= 1", steps)
+    require(owner, "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
+    require(owner, "n", isinstance(n, int) and n >= 1, "an int >= 1", n)
+    if Lambda is None:
+        ok = (
+            getattr(task, "Sigma", None) is not None
+            and getattr(task, "noise_std", None) == 0
+            and getattr(task, "weight_prior", None) == "identity"
+        )
+        require(owner, "Lambda", ok, "given, unless the task is noiseless with w ~ N(0, I) and has .Sigma", None)
+        Lambda = task.Sigma
+    if inv_n is None:
+        inv_n = expected_inv_n(n) if next_token else 1.0 / n
+    ref = m.v
+    dtype_name = {torch.float32: "float32", torch.float64: "float64"}.get(ref.dtype)
+    require(owner, "model", dtype_name is not None, "float32 or float64 parameters", ref.dtype)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+
+    def loss_fn(model_: nn.Module, episode: Episode) -> Tensor:
+        beta, xq, yq = _statistics(episode, next_token)
+        return (m.from_statistics(beta, xq) - yq).pow(2).mean(-1).sum()
+
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=batch,
+        optimizer="sgd",
+        lr=lr,
+        resample_every=1,
+        eval_every=0,
+        eval_batch=batch,
+        snapshot_every=record_every,
+        checkpoint_every=0,
+        log_every=record_every,
+        seed=seed,
+        dtype=dtype_name,
+        progress=False,
+    )
+    result = train(
+        m,
+        lambda b, *, generator, dtype: task.sample(b, n, generator=generator, dtype=dtype),
+        cfg,
+        device=ref.device,
+        loss_fn=loss_fn,
+        snapshot_fn=lambda mod: {k: getattr(mod, k) for k in m.names},
+    )
+    snaps = {k: list(v.to(ref.dtype).unbind(0)) for k, v in result.snapshots.items()}
+    rec = list(result.snapshot_steps)
+    loss = _population(m, {k: torch.stack(v) for k, v in snaps.items()}, torch.as_tensor(Lambda), inv_n)
+    meta = {"mode": "online_sgd", "batch": batch, "n": n, "inv_n": float(inv_n), "seed": seed, "next_token": next_token}
+    return _finish(m, snaps, rec, lr, loss, None, meta)
