@@ -219,13 +219,20 @@ class LinearAttention(nn.Module):
         u = v @ self.A.sum(0)  # (B, d): Σ_h A_hᵀ v, as a row
         return y - torch.einsum("btd,bd->bt", x, u)
 
-    def forward(self, z: Tensor, n: int) -> Tensor:
+    def forward(self, z: Tensor, n: int, *, query_only: bool = False) -> Tensor:
         """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources (all T with
-        ``sources='all'``); all T are targets. Linear and ReLU scores carry the 1/n factor."""
+        ``sources='all'``); all T are targets. Linear and ReLU scores carry the 1/n factor.
+
+        ``query_only``: update only the last token (the query) and return it, (B, 1, D). A model's
+        last layer needs nothing else, and for ReLU/softmax scores this is T times less work.
+        """
         ctx = z[:, :n] if self.sources == "context" else z  # (B, m, D) sources
         if self.label_only:
             x = z[..., :-1]  # (B, T, d)
-            return torch.cat([x, self.label_update(x, z[..., -1], n).unsqueeze(-1)], dim=-1)
+            out = torch.cat([x, self.label_update(x, z[..., -1], n).unsqueeze(-1)], dim=-1)
+            return out[:, -1:] if query_only else out
+        if query_only:
+            z, ctx = z[:, -1:], ctx  # targets: the query row; the sources are unchanged
         P, Q = self.P, self.Q  # (H, D, D)
         if self.activation == "linear":
             g = ctx.transpose(1, 2) @ ctx / n  # (B, D, D): the paper's (1/n) Z M Zᵀ
@@ -318,8 +325,8 @@ class LinearTransformer(nn.Module):
                 y = layer.label_update(x, y, episode.n)
             return y[:, -1] if self.config.readout == "positive" else -y[:, -1]
         z = embed(episode)
-        for layer in self.layers:
-            z = layer(z, episode.n)
+        for i, layer in enumerate(self.layers):
+            z = layer(z, episode.n, query_only=i == len(self.layers) - 1)  # (B, 1, D) after the last
         return self._read(z)
 
     def _read(self, z: Tensor) -> Tensor:
