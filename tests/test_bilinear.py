@@ -144,6 +144,8 @@ def test_gradients_reach_every_trainable_weight() -> None:
         (dict(ffn="glu"), r"ffn must be one of"),
         (dict(n_blocks=0), r"n_blocks must be an int >= 1; got 0"),
         (dict(order="ffn_last"), r"order must be one of"),
+        (dict(init="zeros"), r"init must be one of \('gaussian', 'identity'\); got 'zeros'"),
+        (dict(label_scale=0.0), r"label_scale must be a finite float > 0; got 0.0"),
     ],
 )
 def test_config_errors(kwargs: dict, match: str) -> None:
@@ -161,3 +163,36 @@ def test_episode_errors() -> None:
         model.load_weights(P=torch.zeros(2, 3, 3, dtype=F64))
     with pytest.raises(ConfigError, match=r"zero outside the W̃ block"):
         _model(ffn="sparse").load_weights(W0=torch.ones(2, 8, 8, dtype=F64))
+
+
+@pytest.mark.parametrize("ffn", ["dense", "sparse_strict", "none"])
+def test_label_scale_is_an_exact_reparameterisation(ffn: str) -> None:
+    """y/s in the prompt and s·z at the read-out with P′ = SPS⁻¹, Q′ = S⁻¹QS⁻¹: the paper's model, bit for bit."""
+    ep = _episode()
+    paper = _model(ffn=ffn)
+    scaled = _model(ffn=ffn, label_scale=4.7)
+    weights = dict(P=paper.P, Q=paper.Q) | (dict(W0=paper.W0, W1=paper.W1) if ffn != "none" else {})
+    scaled.load_weights(**weights)
+    assert_close(scaled.P, paper.P)
+    assert_close(scaled.Q, paper.Q)
+    stored_P, stored_Q = scaled.attn[0].P, scaled.attn[0].Q
+    assert_close(stored_P[..., -1, :-1], paper.P[0][..., -1, :-1] / 4.7)  # the stored P′ really is rescaled
+    assert_close(stored_Q[..., -1, -1], 4.7**2 * paper.Q[0][..., -1, -1])
+    assert_close(scaled.predict(ep), paper.predict(ep), atol=1e-10)
+    assert_close(scaled.block_predictions(ep), paper.block_predictions(ep), atol=1e-10)
+    assert_close(scaled.trace(ep)[1], paper.trace(ep)[1], atol=1e-10)
+
+
+@pytest.mark.parametrize("ffn", ["dense", "sparse", "sparse_strict", "none"])
+def test_identity_init_starts_every_block_as_the_identity(ffn: str) -> None:
+    ep = _episode()
+    model = _model(ffn=ffn, init="identity", label_scale=4.0)
+    _, states = model.trace(ep)
+    assert torch.equal(states, states[:1].expand_as(states))  # no sub-layer changes the prompt
+    assert torch.equal(model.predict(ep), torch.zeros(ep.batch_size, dtype=F64))
+    assert bool((model.P == 0).all()) and bool((model.Q != 0).any())
+    if ffn != "none":
+        assert bool((model.W1 == 0).all()) and bool((model.W0 != 0).any())
+    (model.predict(ep) - ep.y_query).pow(2).mean().backward()
+    grads = [a.parametrizations.P_free.original.grad if ffn == "sparse_strict" else a.P_free.grad for a in model.attn]
+    assert all(g is not None and g.abs().max() > 0 for g in grads)  # P moves at step 1; W_1, Q follow at step 2

@@ -130,6 +130,8 @@ def test_multi_query_pass_equals_single_queries(mode: str) -> None:
         single = model.predict(expand_queries(ep, grid)).reshape(2, 13, -1)
         assert_close(many, single, rtol=1e-12, atol=1e-12)
         assert many.abs().max() > 1e-3
+        if isinstance(model, CategoricalTransformer):  # the query-only last block = the full forward's readout
+            assert_close(model.predict(ep), model.states(ep)[-1][:, -1, -5:] @ model.W_e, rtol=1e-12, atol=1e-12)
 
 
 def test_erasure_caveat() -> None:

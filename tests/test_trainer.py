@@ -171,3 +171,22 @@ def test_nan_loss_is_reported(tmp_path) -> None:
 def test_bad_train_config(field: str, value: object, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         _cfg(**{field: value})
+
+
+def test_skip_nonfinite_skips_bad_batches_and_counts_them() -> None:
+    """A batch with an inf label gives an inf gradient: without the option the run stops with a clear
+    error; with it the step is skipped (weights untouched), counted, and training goes on."""
+
+    def poisoned(batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32):
+        ep = SAMPLE(batch, generator=generator, dtype=dtype)
+        if generator.initial_seed() % 3 == 0:  # some steps' batches carry an inf label
+            ep.y_query[0] = float("inf")
+        return ep
+
+    cfg = _cfg(steps=20, resample_every=1, log_every=1, eval_every=0, skip_nonfinite=True)
+    res = train(_model(), poisoned, cfg, test_episode=SAMPLE(64, generator=generator(9)))
+    skipped = res.history[-1]["skipped_steps"]
+    assert 0 < skipped < 20
+    assert all(torch.isfinite(p).all() for p in res.model.parameters())
+    with pytest.raises(FloatingPointError, match="non-finite loss"):
+        train(_model(), poisoned, _cfg(steps=20, resample_every=1, log_every=1, eval_every=0))

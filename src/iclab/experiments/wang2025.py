@@ -1,9 +1,9 @@
 """Wang, Convertino, Cheng, Henao, Carin 2025, "On Understanding Attention-Based In-Context Learning for
 Categorical Data" (ICML 2025).
 
-Run: ``iclab reproduce wang2025 --preset quick`` (a few minutes on 2 CPU cores; reduced L grids, steps and
-seeds) or ``--preset paper`` (spec 004 §4.0: 5 seeds, minibatch 512, 5000 epochs over L contexts; days on a
-CPU, hours on a GPU).
+Run: ``iclab reproduce wang2025 --preset quick`` (the five figures here take ≈ 2 min on 2 busy CPU cores;
+one seed, minibatch 64-128, 100-400 updates, reduced L grids) or ``--preset paper`` (spec 004 §4.0: 5 seeds,
+minibatch 512, 5000 epochs over L contexts; days on a CPU, hours on a GPU).
 
 Models: :class:`iclab.models.CategoricalTransformer` (K blocks; ``mode='gd'`` is the paper's "GD", ``'free'``
 the "Trained TF") and :class:`iclab.models.SingleStepCategorical` (App. F). Data: §6.1
@@ -333,10 +333,20 @@ SMOKE: dict[str, Any] = dict(
     seeds=1, n=20, batch_size=32, max_updates=4, eval_every=2, val_size=64, test_size=64, bayes_contexts=64
 )
 SMOKE_CLAIMS: dict[str, Any] = dict(match_acc_tol=1.0, match_nll_tol=10.0, data_efficiency_tol=1.0, bayes_slack=1.0)
-#: quick: the GD model converges in a few hundred Adam steps at lr 0.03; the Trained TF does not reach it at
-#: this budget (it needs ~10⁴ updates and L > 10⁴), so quick checks the orderings, not the convergence of TF.
+#: quick (one seed, ~1 min per figure on 2 CPU cores): minibatch 128 instead of 512 and 150 updates; lr 0.03 for
+#: both models. At lr 3e-3 the free Trained TF was far from converged after 150 updates (1 block, L = 4096: acc
+#: 0.51); at lr 0.03 it reaches 0.71 (GD 0.74), so the quick claims keep near-paper tolerances. Figures with
+#: K >= 2 blocks (full N+1 attention in every block but the last) use minibatch 64 and fewer updates.
 QUICK: dict[str, Any] = dict(
-    seeds=1, max_updates=150, eval_every=25, val_size=1024, test_size=1024, lr_gd=0.03, lr_tf=3e-3, bayes_contexts=1024
+    seeds=1,
+    batch_size=128,
+    max_updates=150,
+    eval_every=25,
+    val_size=512,
+    test_size=512,
+    lr_gd=0.03,
+    lr_tf=0.03,
+    bayes_contexts=1024,
 )
 
 FIG2 = register(
@@ -346,7 +356,7 @@ FIG2 = register(
         config=SweepLConfig,
         presets={
             "smoke": dict(**SMOKE, L_grid=(32, 64), **SMOKE_CLAIMS),
-            "quick": dict(**QUICK, L_grid=(512, 4096), match_acc_tol=0.25, match_nll_tol=1.0, data_efficiency_tol=0.03),
+            "quick": dict(**QUICK, L_grid=(512, 4096), match_acc_tol=0.05, match_nll_tol=0.2, data_efficiency_tol=0.03),
             "paper": dict(n_blocks=1, L_grid=(2048, 4096, 8192, 16384, 32768)),
         },
         run=run_sweep_L,
@@ -364,17 +374,22 @@ FIG4_LEFT = register(
         config=SweepLConfig,
         presets={
             "smoke": dict(**SMOKE, n_blocks=2, L_grid=(32, 64), **SMOKE_CLAIMS),
-            "quick": dict(
+            "quick": {
                 **QUICK,
-                n_blocks=2,
-                L_grid=(512, 2048),
-                match_acc_tol=0.35,
-                match_nll_tol=1.5,
-                data_efficiency_tol=0.03,
-                gd_acc_expected=0.718,
-                gd_acc_tol=0.05,
-                gap_small_L=0.05,
-            ),
+                "batch_size": 64,
+                "max_updates": 100,
+                "eval_every": 20,
+                "n_blocks": 2,
+                "L_grid": (512, 2048),
+                # the paper's own 2-block TF is 0.524 at L = 2048 (it matches GD only at L ~ 32k), so at quick's
+                # L <= 2048 and 100 updates this claim is expected to fail; kept at fig2's quick tolerance
+                "match_acc_tol": 0.05,
+                "match_nll_tol": 0.2,
+                "data_efficiency_tol": 0.03,
+                "gd_acc_expected": 0.718,
+                "gd_acc_tol": 0.05,
+                "gap_small_L": 0.05,
+            },
             "paper": dict(
                 n_blocks=2, lr_gd=5e-4, lr_tf=5e-4, gd_acc_expected=0.718, match_acc_tol=0.02, gap_small_L=0.15
             ),
@@ -488,9 +503,16 @@ FIG3 = register(
         config=DepthConfig,
         presets={
             "smoke": dict(**SMOKE, L=64, blocks=(1, 2), depth_gain_min=-1.0, nll_gain_min=-10.0, gd_acc_tol=1.0),
-            "quick": dict(
-                **QUICK, blocks=(1, 2, 3, 4), batch_size=256, nll_gain_min=0.05, depth_gain_min=0.0, gd_acc_tol=0.05
-            ),
+            "quick": {
+                **QUICK,
+                "blocks": (1, 2, 4),  # 1, 2 and one deep model are what the claims compare
+                "batch_size": 64,
+                "max_updates": 100,
+                "eval_every": 20,
+                "nll_gain_min": 0.05,
+                "depth_gain_min": 0.0,
+                "gd_acc_tol": 0.05,
+            },
             "paper": dict(),
         },
         run=run_depth,
@@ -598,7 +620,7 @@ FIG4_RIGHT = register(
         config=ImageConfig,
         presets={
             "smoke": {**SMOKE, "n": 50, "L": 64, "blocks": (1, 2), "probe_tol": 1.0},
-            "quick": dict(**QUICK, L=1024, batch_size=256, probe_tol=0.05),
+            "quick": {**QUICK, "L": 1024, "batch_size": 64, "probe_tol": 0.05},
             "paper": dict(),
         },
         run=run_image,
@@ -856,7 +878,15 @@ APPF = register(
                 gd_tf_tol=1.0,
                 form_tol=10.0,
             ),
-            "quick": {**QUICK, "L": 2048, "lr_tf": 1e-2, "batch_size": 256, "gd_tf_tol": 0.08, "form_tol": 0.35},
+            "quick": {
+                **QUICK,
+                "L": 2048,
+                "max_updates": 400,  # single-step steps are cheap (~30 ms); E·D needs them (0.42 at 150, 0.34 at 300)
+                "eval_every": 50,
+                "kernels": ("linear", "rbf", "softmax"),
+                "gd_tf_tol": 0.05,
+                "form_tol": 0.35,
+            },
             "paper": dict(),
         },
         run=run_appf,

@@ -166,9 +166,10 @@ def continuations(model: nn.Module, data: StoryLanguageData, cfg: LanguageConfig
     """Beam-search continuations of the first ``cfg.prompts`` test stories, and their repetition."""
     docs = data.documents["test"][: cfg.prompts]
     reps, true_reps, examples = [], [], []
+    device = next(model.parameters()).device
     for doc in docs:
         p = max(1, min(cfg.prompt_tokens, doc.numel() // 2, cfg.seq_len))
-        cont = generate(model, doc[:p], cfg.new_tokens, beams=cfg.beams, eot_id=data.eot_id)
+        cont = generate(model, doc[:p].to(device), cfg.new_tokens, beams=cfg.beams, eot_id=data.eot_id)
         reps.append(repeated_ngram_fraction(cont, cfg.ngram))
         true_reps.append(repeated_ngram_fraction(doc[p : p + cfg.new_tokens], cfg.ngram))
         if len(examples) < 3:
@@ -268,6 +269,7 @@ def plot(results: dict[str, Any], cfg: LanguageConfig, out: Path) -> list[Path]:
             )
     ax[0, 0].axhline(results["unigram_nll"], color="gray", ls=":", label="unigram")
     ax[0, 0].set(xlabel="step", ylabel="validation NLL (nats/token)", title="training")
+    ax[0, 0].set_ylim(0, 1.5 * results["unigram_nll"])  # the GD models start high: LN'd embeddings in the logits
     ax[0, 0].legend(fontsize=7)
     names = list(cfg.models)
     xs = range(len(names))

@@ -19,6 +19,18 @@ D = d̄ + 1 and the query last (:func:`embed_scratch`). The width d̄ counts eve
   (``"attention_first"``, the usual transformer order). ``ffn="none"`` is the linear transformer on
   the same prompt (the baseline of Prop. 1): L attention layers and nothing else.
 
+Two options for training deep stacks, both outside the paper (which is silent on initialisation and
+on any normalisation; docs/papers/sun2025.md, "Stability"):
+
+* ``label_scale`` s: the prompt's label entries are divided by s and the read-out multiplied by s. With
+  S = diag(1, …, 1, 1/s) this is the exact reparameterisation P = S⁻¹P′S, Q = SQ′S of the paper's model (the
+  FFN never touches the label), so the function class, the loss and every property below (``P``, ``Q``,
+  ``trace``, ``load_weights``) are the paper's; only the stored parameters P′, Q′, and hence Adam's
+  per-entry steps and the init, differ. s = √E[y²] gives every prompt row unit second moment.
+* ``init="identity"``: W_1 = 0 and P = 0 at init (the other factor of each residual branch keeps its
+  N(0, init_std²) draw), so every block is exactly the identity and the model starts as the zero predictor
+  (SkipInit / Fixup-style zero-initialised residual branches).
+
 Read-out (eq. 4): the paper trains the bottom-right entry towards −y_q; ``predict`` returns
 ŷ = −Z_L[d̄+1, n+1] = −z[:, -1, -1] (+ŷ). ``block_predictions`` gives ŷ after each of ℓ = 0..L
 blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
@@ -26,6 +38,7 @@ blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,6 +51,7 @@ from iclab.core.errors import ShapeError, require
 from iclab.models.linear_attention import LinearAttention
 
 FFN = Literal["dense", "sparse", "sparse_strict", "none"]
+INITS = ("gaussian", "identity")
 FFNS = ("dense", "sparse", "sparse_strict", "none")
 ORDERS = ("ffn_first", "attention_first")
 
@@ -135,6 +149,8 @@ class BilinearTransformerConfig:
     order: Literal["ffn_first", "attention_first"] = "ffn_first"
     n_heads: int = 1
     init_std: float = 0.05  # N(0, init_std²) for every free entry of P, Q, W_0, W_1 (the paper does not say)
+    init: Literal["gaussian", "identity"] = "gaussian"  # identity: W_1 = P = 0, every block starts as the identity
+    label_scale: float = 1.0  # s: label entries enter as y/s, the read-out is s·z (an exact reparameterisation)
 
     def __post_init__(self) -> None:
         require(self, "d", isinstance(self.d, int) and not isinstance(self.d, bool) and self.d >= 1, "an int >= 1")
@@ -145,6 +161,8 @@ class BilinearTransformerConfig:
         require(self, "order", self.order in ORDERS, f"one of {ORDERS}")
         require(self, "n_heads", isinstance(self.n_heads, int) and self.n_heads >= 1, "an int >= 1")
         require(self, "init_std", self.init_std >= 0, "a float >= 0")
+        require(self, "init", self.init in INITS, f"one of {INITS}")
+        require(self, "label_scale", isinstance(self.label_scale, (int, float)) and math.isfinite(self.label_scale) and self.label_scale > 0, "a finite float > 0")  # fmt: skip
 
 
 class BilinearTransformer(nn.Module):
@@ -174,6 +192,22 @@ class BilinearTransformer(nn.Module):
                 with torch.no_grad():
                     layer.P_free.mul_(mask)
                 parametrize.register_parametrization(layer, "P_free", _MaskRows(mask))
+        if cfg.init == "identity":
+            with torch.no_grad():
+                for ffn in self.ffn:
+                    ffn.W1_free.zero_()
+                for layer in self.attn:
+                    self._P_store(layer).zero_()
+
+    def _P_store(self, layer: LinearAttention) -> Tensor:
+        """The tensor that holds P′ (the parametrisation's original for ``sparse_strict``)."""
+        return layer.parametrizations.P_free.original if self.config.ffn == "sparse_strict" else layer.P_free
+
+    def _label_scaling(self, like: Tensor) -> Tensor:
+        """diag(S) = (1, …, 1, 1/s), (D,)."""
+        out = torch.ones(self.config.d_bar + 1, dtype=like.dtype, device=like.device)
+        out[-1] = 1.0 / self.config.label_scale
+        return out
 
     @property
     def _dtype(self) -> torch.dtype:
@@ -200,11 +234,17 @@ class BilinearTransformer(nn.Module):
     def _run(self, episode: Episode, keep: bool) -> tuple[Tensor, list[Tensor]]:
         self._check(episode)
         z = embed_scratch(episode, self.config.d_bar)  # (B, n+1, d̄+1)
+        s = self.config.label_scale
+        if s != 1.0:
+            z = z * self._label_scaling(z)  # Z′ = SZ
         states = [z]
         for layer in self.sublayers():
             z = layer(z, episode.n) if isinstance(layer, LinearAttention) else layer(z)
             if keep:
                 states.append(z)
+        if s != 1.0:  # back to the paper's Z = S⁻¹Z′
+            z = z / self._label_scaling(z)
+            states = [t / self._label_scaling(t) for t in states]
         return z, states
 
     def trace(self, episode: Episode) -> tuple[Tensor, Tensor]:
@@ -229,13 +269,17 @@ class BilinearTransformer(nn.Module):
     # --- the matrices theory talks about, stacked over blocks ---------------------------
     @property
     def P(self) -> Tensor:
-        """(L, H, D, D), D = d̄ + 1."""
-        return torch.stack([a.P for a in self.attn])
+        """(L, H, D, D), D = d̄ + 1, in the paper's parameterisation P = S⁻¹P′S."""
+        P = torch.stack([a.P for a in self.attn])
+        sc = self._label_scaling(P)
+        return P * sc[:, None] ** -1 * sc  # S⁻¹ P′ S
 
     @property
     def Q(self) -> Tensor:
-        """(L, H, D, D)."""
-        return torch.stack([a.Q for a in self.attn])
+        """(L, H, D, D), in the paper's parameterisation Q = SQ′S."""
+        Q = torch.stack([a.Q for a in self.attn])
+        sc = self._label_scaling(Q)
+        return Q * sc[:, None] * sc
 
     @property
     def W0(self) -> Tensor:
@@ -262,6 +306,10 @@ class BilinearTransformer(nn.Module):
                     value = value.unsqueeze(1).expand(-1, cfg.n_heads, -1, -1)
                 want = (cfg.n_blocks, cfg.n_heads, cfg.d_bar + 1, cfg.d_bar + 1)
                 require("BilinearTransformer.load_weights", name, tuple(value.shape) == want, f"shape {want}", tuple(value.shape))  # fmt: skip
+                sc = self._label_scaling(value)
+                value = (
+                    value * sc[:, None] * sc**-1 if name == "P" else value * sc[:, None] ** -1 * sc**-1
+                )  # P′ = SPS⁻¹, Q′ = S⁻¹QS⁻¹
                 for layer, v in zip(self.attn, value, strict=True):
                     if name == "P" and cfg.ffn == "sparse_strict":
                         require("BilinearTransformer.load_weights", "P", bool((v[:, : cfg.d + 1] == 0).all()), "zero in the rows of (1, x) for ffn='sparse_strict'", "non-zero rows")  # fmt: skip

@@ -337,22 +337,26 @@ class CategoricalTransformer(_EmbeddingModel):
         E = E + softmax_cross_attention(F, self.W_e.T, self.W_e.T)  # cross-attention: E(w_e)|_{f_{k+1}}
         return torch.cat([x, U, E, F], dim=-1)
 
-    def _free_block(self, z: Tensor, n: int, k: int, scores: Tensor | None = None) -> Tensor:
+    def _free_block(self, z: Tensor, n: int, k: int, scores: Tensor | None = None, last: bool = False) -> Tensor:
+        """One free block on (B, T, D) tokens. ``last``: return only the m = T − n query tokens (the readout needs
+        nothing else; keys and values still come from the whole context), when head 2 is an ordinary head."""
         cfg, blk = self.config, self.blocks[self._block_index(k)]
         ctx = z[:, :n]
-        keys1, queries1 = z @ blk.W_K[0].T, z @ blk.W_Q[0].T
-        out = kernel_head(cfg.kernel, keys1[:, :n], queries1, ctx @ blk.W_V[0].T, divide_by_n=cfg.divide_by_n)
+        tgt = z[:, n:] if last and cfg.erasure == "kernel" else z  # the targets this block must produce
+        out = kernel_head(cfg.kernel, ctx @ blk.W_K[0].T, tgt @ blk.W_Q[0].T, ctx @ blk.W_V[0].T,
+                          divide_by_n=cfg.divide_by_n)  # fmt: skip
         out = out @ blk.P[0].T
-        keys2, queries2, vals2 = z @ blk.W_K[1].T, z @ blk.W_Q[1].T, z @ blk.W_V[1].T
         if cfg.erasure == "kernel":
-            head2 = kernel_head(cfg.kernel, keys2[:, :n], queries2, vals2[:, :n], divide_by_n=cfg.divide_by_n)
+            head2 = kernel_head(cfg.kernel, ctx @ blk.W_K[1].T, tgt @ blk.W_Q[1].T, ctx @ blk.W_V[1].T,
+                                divide_by_n=cfg.divide_by_n)  # fmt: skip
         else:
+            keys2, queries2, vals2 = z @ blk.W_K[1].T, z @ blk.W_Q[1].T, z @ blk.W_V[1].T
             w_ctx, w_self = erasure_weights(cfg.erasure, keys2, queries2, n)
             head2 = w_ctx.transpose(1, 2) @ vals2[:, :n] + w_self.unsqueeze(-1) * vals2
-        z = z + out + head2 @ blk.P[1].T  # ẽ (eq. 37)
+        zt = tgt + out + head2 @ blk.P[1].T  # ẽ (eq. 37)
         W = self.W_e.T  # (C, d') the columns w_{e,c}
-        cross = softmax_cross_attention(z @ blk.W_Qc.T, W @ blk.W_Kc.T, W @ blk.W_Vc.T)  # (B, T, D)
-        return z + cross @ blk.Pc.T  # eq. (44)
+        cross = softmax_cross_attention(zt @ blk.W_Qc.T, W @ blk.W_Kc.T, W @ blk.W_Vc.T)  # (B, T, D)
+        return zt + cross @ blk.Pc.T  # eq. (44)
 
     def states(self, episode: Episode, points: Tensor | None = None) -> Tensor:
         """Tokens before and after every block, (K+1, B, n+m, D)."""
@@ -372,8 +376,9 @@ class CategoricalTransformer(_EmbeddingModel):
         n, K = episode.n, cfg.n_blocks
         if cfg.mode == "free":
             for k in range(K):
-                z = self._free_block(z, n, k)
-            return z[:, n:, -cfg.d_embed :] @ self.W_e  # (B, m, C) readout (eq. 7)
+                z = self._free_block(z, n, k, last=k == K - 1)
+            q = z if cfg.erasure == "kernel" else z[:, n:]  # with an ordinary head 2 the last block kept only queries
+            return q[..., -cfg.d_embed :] @ self.W_e  # (B, m, C) readout (eq. 7)
         # GD: the readout needs only the queries' F after the last block, so that block runs on the query
         # targets only (its E slots and context tokens are never read): the same numbers, less work.
         x = z[..., : cfg.d]
@@ -447,12 +452,13 @@ class SingleStepCategorical(_EmbeddingModel):
     def predict_points(self, episode: Episode, points: Tensor | None = None) -> Tensor:
         cfg, n = self.config, episode.n
         z = self.embed(episode, points)
+        ctx, q = z[:, :n], z[:, n:]  # only the query tokens are read out, so only they are computed
         if cfg.mode == "gd":
-            x, U = z[..., : cfg.d], z[..., cfg.d : cfg.d + cfg.d_embed]
+            x, U = z[..., : cfg.d], ctx[..., cfg.d : cfg.d + cfg.d_embed]
             a = self.scale
-            f = self.alpha * kernel_head(cfg.kernel, a * x[:, :n], a * x, U[:, :n], divide_by_n=cfg.divide_by_n)
-            return f[:, n:] @ self.W_e
-        out = kernel_head(cfg.kernel, z[:, :n] @ self.W_K.T, z @ self.W_Q.T, z[:, :n] @ self.W_V.T,
+            f = self.alpha * kernel_head(cfg.kernel, a * x[:, :n], a * x[:, n:], U, divide_by_n=cfg.divide_by_n)
+            return f @ self.W_e
+        out = kernel_head(cfg.kernel, ctx @ self.W_K.T, q @ self.W_Q.T, ctx @ self.W_V.T,
                           divide_by_n=cfg.divide_by_n)  # fmt: skip
-        z = z + out @ self.P.T
-        return z[:, n:, -cfg.d_embed :] @ self.W_e
+        q = q + out @ self.P.T
+        return q[..., -cfg.d_embed :] @ self.W_e

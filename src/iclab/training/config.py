@@ -36,6 +36,7 @@ class TrainConfig:
     warmup_steps: int = 0  # linear warm-up before any schedule
     clip: float | None = None  # gradient-norm clip; None = off
     clip_mode: Literal["per_matrix", "global"] = "per_matrix"  # per (·,·) block of every parameter (the paper's)
+    skip_nonfinite: bool = False  # skip (and count) steps whose gradient has an inf/NaN, as AMP's GradScaler does
     resample_every: int = 1
     train_size: int | None = None
     lbfgs_history: int = 100

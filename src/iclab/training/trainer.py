@@ -201,7 +201,9 @@ def train(
         record_snapshot(0)
     with _progress_bar(cfg.progress, progress) as bar:
         task_id = bar.add_task(description, total=cfg.steps, completed=start) if bar is not None else None
+        skipped = int(history[-1].get("skipped_steps", 0)) if history else 0
         for step in range(start, cfg.steps):
+            skipped_now = False
             lr = cfg.lr * lr_factor(step, cfg)
             for group in opt.param_groups:
                 group["lr"] = lr
@@ -221,19 +223,27 @@ def train(
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(model, batch)
                 loss.backward()
-                if cfg.clip is not None:
-                    clip_gradients(params, cfg.clip, cfg.clip_mode)
-                opt.step()
+                if cfg.skip_nonfinite and not _finite_gradients(params):
+                    opt.zero_grad(set_to_none=True)  # one bad batch does not poison the weights
+                    skipped += 1
+                    skipped_now = True
+                else:
+                    if cfg.clip is not None:
+                        clip_gradients(params, cfg.clip, cfg.clip_mode)
+                    opt.step()
             done = step + 1
             row: dict[str, float] | None = None
             log_now = step % cfg.log_every == 0 or done == cfg.steps
             eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or done == cfg.steps
-            if log_now or eval_now:  # the only host sync of a step
+            if log_now or eval_now:  # the only host sync of a step (plus the gradient check when skipping)
                 row = {"step": float(step), "train_loss": float(loss.detach()), "lr": lr}
+                if cfg.skip_nonfinite:
+                    row["skipped_steps"] = float(skipped)
             if eval_now and row is not None:
                 row["test_loss"] = evaluate()
             if row is not None:
-                if not all(torch.isfinite(torch.tensor(v)) for v in row.values()):
+                checked = {k: v for k, v in row.items() if not (skipped_now and k == "train_loss")}
+                if not all(torch.isfinite(torch.tensor(v)) for v in checked.values()):
                     save(step, False, time.perf_counter() - t0)
                     raise FloatingPointError(
                         f"{description}: non-finite loss at step {step}: {row}; lower lr or enable clip"
@@ -259,6 +269,11 @@ def train(
     if writer is not None:
         writer.close()
     return TrainResult(model, history, _stack(snaps), snap_steps, resumed, seconds)
+
+
+def _finite_gradients(params: list[nn.Parameter]) -> bool:
+    grads = [p.grad for p in params if p.grad is not None]
+    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
 
 
 def _stack(snaps: dict[str, list[Tensor]]) -> dict[str, Tensor]:
