@@ -147,6 +147,16 @@ def _snapshot(model: KernelTransformer) -> dict[str, Tensor]:
     return {"A": model.A[:, 0], "BtC": model.BtC[:, 0], "r": model.r[:, 0]}
 
 
+#: Rows of models already trained in this process, keyed by everything their training depends on: Fig. 3's
+#: two models are Fig. 5's (K^exp, softmax, A ≡ 0) and Fig. 6's (K^exp, softmax, A free) at the same preset, so
+#: ``iclab reproduce`` trains them once (training is deterministic: stateless per-step seeds).
+_TRAINED: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+
+def _train_key(setup: GPSetup, *args: object) -> tuple[Any, ...]:
+    return (tuple(getattr(setup, f.name) for f in dataclasses.fields(GPSetup)), *args)
+
+
 def train_one(
     setup: GPSetup,
     ctx: RunContext,
@@ -159,6 +169,9 @@ def train_one(
     name: str,
 ) -> dict[str, Any]:
     """Train one model and measure it on its float64 test set against Bayes (paired)."""
+    key = _train_key(setup, str(ctx.device), seed, kernel, activations, n, n_layers)
+    if key in _TRAINED:
+        return dict(_TRAINED[key])
     task = make_task(setup, seed, kernel)
     mcfg = KernelTransformerConfig(
         d=setup.d,
@@ -204,7 +217,8 @@ def train_one(
     }
     if setup.snapshot_every:
         out.update(snap_steps=torch.tensor(res.snapshot_steps), Sigma=task.Sigma, **res.snapshots)
-    return out
+    _TRAINED[key] = out
+    return dict(out)
 
 
 def _mean(rows: list[dict[str, Any]], key: str = "loss", **match: object) -> float:
@@ -351,6 +365,7 @@ def claims_fig1(results: dict[str, Any], cfg: Fig1Config) -> list[ClaimResult]:
 SMOKE = dict(seeds=1, steps=4, batch_size=128, eval_batch=128, eval_every=2, test_batch=256, resample_every=1, lr=0.01)
 #: The training part of the quick presets: 1 seed, batches of 1000, 250 Adam steps at lr 0.05 with a cosine
 #: schedule (lr 0.1 diverges for h̃ = exp); losses end within ~5-30% of the converged ones (docs/papers/cheng2024.md).
+#: Fig. 1 uses 200 steps, Figs 3/5/6 300 (their curves are what is plotted).
 QUICK = dict(seeds=1, steps=250, batch_size=1000, eval_batch=2000, eval_every=50, test_batch=8000, lr=0.05)
 
 FIG1 = register(
@@ -360,7 +375,8 @@ FIG1 = register(
         config=Fig1Config,
         presets={
             "smoke": dict(**SMOKE, ns=(6,), kernels=("exp",), bayes_rtol=10.0, matched_frac=0.0, softmax_frac=0.0),
-            "quick": dict(**QUICK, ns=(6, 14), bayes_rtol=0.1, matched_frac=0.5, softmax_frac=0.5),
+            # 200 steps (cost): the claims' margins are wide; losses vs 250 steps in docs/papers/cheng2024.md
+            "quick": dict(QUICK, steps=200, ns=(6, 14), bayes_rtol=0.1, matched_frac=0.5, softmax_frac=0.5),
             "paper": dict(),
         },
         run=run_fig1,
@@ -422,17 +438,20 @@ def claims_fig2(results: dict[str, Any], cfg: Fig2Config) -> list[ClaimResult]:
                 detail=f"loss(h̃ relu) − Bayes on K^relu, n = 14, L = {Lmax} (Fig. 2a; the A = 0 family's optimum leaves 0.10)",
             )
         )
-    if "relu" in cfg.kernels and "relu" in cfg.attentions:
+    # Observation 1 is stated "ignoring h̃^softmax" (§3.3: "From Figures 1(a), 1(b), 2(a), 2(c), 2(d)"),
+    # so softmax is no rival here, as in Fig. 1's claim.
+    rivals = tuple(a for a in cfg.attentions if a != "softmax")
+    if "relu" in cfg.kernels and "relu" in rivals and len(rivals) > 1:
         for n in cfg.ns:
             grid = tuple(L for L in cfg.layers if L >= 2)
             if grid:
-                frac, wins = _matched_best([r for r in rows if r["n"] == n], "relu", "L", grid, cfg.attentions)
+                frac, wins = _matched_best([r for r in rows if r["n"] == n], "relu", "L", grid, rivals)
                 out.append(
                     check(
                         f"matched_relu_best_n{n}",
                         frac,
                         lo=cfg.deep_frac,
-                        detail=f"fraction of L ≥ 2 where h̃ = relu is best on K^relu, n = {n} (Observation 1); wins {wins}",
+                        detail=f"fraction of L ≥ 2 where h̃ = relu is best among {list(rivals)} on K^relu, n = {n} (Observation 1, softmax ignored as in the paper); wins {wins}",
                     )
                 )
     deep = [depth for depth in cfg.layers if depth >= cfg.deep_from]
@@ -482,7 +501,7 @@ class StationaryConfig(GPSetup):
     values: tuple[str, ...] = ("label",)  # "label": A ≡ 0 (Thm 4.5, Fig. 5); "sparse": A free (Fig. 6)
     n: int = 30  # App. H.2/H.3
     snapshot_every: int = 50
-    final_dist_max: float = 0.2  # the paper's plateaus sit at ≈ 0.2
+    final_dist_max: float | None = 0.2  # the paper's plateaus sit at ≈ 0.2; None: level not checked (trend only)
     decrease_frac: float = 0.8
 
 
@@ -551,21 +570,25 @@ def claims_stationary(results: dict[str, Any], cfg: StationaryConfig) -> list[Cl
             last.append(float(d[-1]))
     dec = sum(b < a for a, b in zip(first, last, strict=True)) / len(first)
     med = sorted(last)[len(last) // 2]
-    return [
+    out = [
         check(
             "distances_decrease",
             dec,
             lo=cfg.decrease_frac,
             detail=f"fraction of the {len(first)} (run, matrix) curves whose dist(M, I) ends below where it started",
-        ),
-        check(
-            "median_final_distance_small",
-            med,
-            hi=cfg.final_dist_max,
-            detail=f"median final dist(M, I) over runs and matrices (the paper's slowest plateau at ≈ 0.2); max {max(last):.3f}",
-        ),
-        _no_model_beats_bayes(rows),
+        )
     ]
+    if cfg.final_dist_max is not None:
+        out.append(
+            check(
+                "median_final_distance_small",
+                med,
+                hi=cfg.final_dist_max,
+                detail=f"median final dist(M, I) over runs and matrices (the paper's slowest plateau at ≈ 0.2); max {max(last):.3f}",
+            )
+        )
+    out.append(_no_model_beats_bayes(rows))
+    return out
 
 
 _SMOKE_STAT = dict(**SMOKE, n=6, snapshot_every=2, final_dist_max=1.0, decrease_frac=0.0)
@@ -578,7 +601,9 @@ FIG3 = register(
         config=StationaryConfig,
         presets={
             "smoke": dict(_SMOKE_STAT, pairs=(("exp", "softmax"),), values=("label", "sparse")),
-            "quick": dict(_QUICK_STAT, pairs=(("exp", "softmax"),), values=("label", "sparse"), final_dist_max=0.3),
+            # quick checks the trend only (spec 000 §6.1 claim 18): with A free, A_0, A_1 and the last layer's BᵀC are
+            # still far from αI after 300 steps of 1000 prompts (docs/papers/cheng2024.md); `paper` checks the level.
+            "quick": dict(_QUICK_STAT, pairs=(("exp", "softmax"),), values=("label", "sparse"), final_dist_max=None),
             "paper": dict(pairs=(("exp", "softmax"),), values=("label", "sparse")),
         },
         run=run_stationary,
@@ -615,7 +640,7 @@ FIG6 = register(
         presets={
             "smoke": dict(_SMOKE_STAT, pairs=(("exp", "linear"),), values=("sparse",)),
             "quick": dict(
-                _QUICK_STAT, pairs=(("relu", "relu"), ("exp", "softmax")), values=("sparse",), final_dist_max=0.3
+                _QUICK_STAT, pairs=(("relu", "relu"), ("exp", "softmax")), values=("sparse",), final_dist_max=None
             ),
             "paper": dict(values=("sparse",)),
         },
