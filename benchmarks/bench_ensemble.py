@@ -2,7 +2,7 @@
 
     python benchmarks/bench_ensemble.py [cpu|cuda] [--seeds 5] [--batch 20000] [--repeats 5]
 
-One training step (forward, backward, Adam) of S members at the Fig.-1 sizes (3 layers, d=5, n=20)
+The median training step (forward, backward, Adam) of S members at the Fig.-1 sizes (3 layers, d=5, n=20)
 for the eq.-(8) model and the full-P/Q model; prints ms per step for both ways and the ratio.
 """
 
@@ -11,32 +11,15 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import time
 
 import torch
 
+from iclab.bench import timeit
 from iclab.core.seeding import generator
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
 from iclab.training.ensemble import Ensemble, ensemble_loss, ensemble_sampler
 from iclab.training.trainer import mse_loss
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _time(step, repeats: int, device: torch.device) -> float:
-    step()  # warm-up
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def bench(pattern: str, seeds: int, batch: int, repeats: int, device: torch.device) -> dict[str, float]:
@@ -63,7 +46,7 @@ def bench(pattern: str, seeds: int, batch: int, repeats: int, device: torch.devi
         loss(ens, ens_ep).backward()
         ens_opt.step()
 
-    seq_ms, ens_ms = _time(sequential, repeats, device), _time(together, repeats, device)
+    seq_ms, ens_ms = (1e3 * timeit(f, device=device, repeats=repeats, warmup=1) for f in (sequential, together))
     return {
         "pattern": pattern,
         "seeds": seeds,

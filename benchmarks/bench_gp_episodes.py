@@ -13,32 +13,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
 import iclab
 from iclab import models, tasks
+from iclab.bench import timeit
 
 KERNELS = ("linear", "relu", "exp", "rbf", "arccos")
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _best_ms(fn, device: str, repeats: int) -> float:
-    fn()  # warm-up
-    _sync(device)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 1e3 * best
+def _ms(fn, device: str, repeats: int) -> float:
+    """Median milliseconds per call (iclab.bench.timeit)."""
+    return 1e3 * timeit(fn, device=torch.device(device), repeats=repeats, warmup=1)
 
 
 def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5) -> dict[str, object]:
@@ -47,7 +35,7 @@ def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5)
     gen: dict[str, dict[str, float]] = {}
     for kernel in KERNELS:
         task = tasks.GaussianProcess.random_rotation(generator=iclab.generator(1), kernel=kernel)
-        ms = _best_ms(lambda task=task: task.sample(batch, n, generator=g), device, repeats)
+        ms = _ms(lambda task=task: task.sample(batch, n, generator=g), device, repeats)
         gen[kernel] = {"ms": ms, "episodes_per_s": batch / (ms / 1e3)}
     out["generation"] = gen
 
@@ -62,7 +50,7 @@ def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5)
         loss.backward()
         opt.step()
 
-    train_ms = _best_ms(step, device, repeats)
+    train_ms = _ms(step, device, repeats)
     out["train_step_ms"] = train_ms
     out["generation_over_train_step"] = {k: v["ms"] / train_ms for k, v in gen.items()}
     return out
