@@ -60,6 +60,31 @@ def test_ensemble_equals_members_trained_alone(pattern: str, optimizer: str) -> 
     assert all(torch.isfinite(torch.tensor(losses)))
 
 
+@pytest.mark.parametrize("family", ["kernel", "bilinear"])
+def test_other_model_families_run_as_an_ensemble(family: str) -> None:
+    """Every model family's parameters are built out of place, so vmap can batch its members."""
+    from iclab.models import BilinearTransformer, BilinearTransformerConfig, KernelTransformer, KernelTransformerConfig
+
+    def make(s: int) -> nn.Module:
+        g = generator(200 + s)
+        if family == "kernel":
+            cfg = KernelTransformerConfig(d=3, n_layers=2, activations=("softmax", "linear"), init_std=0.3)
+            return KernelTransformer(cfg, generator=g).to(F64)
+        return BilinearTransformer(BilinearTransformerConfig(d=3, d_bar=10, n_blocks=2, init_std=0.3), generator=g).to(
+            F64
+        )
+
+    members = [make(s) for s in range(3)]
+    ens = Ensemble(members)
+    ep = ensemble_sampler(SAMPLES)(5, generator=generator(1), dtype=F64)
+    with torch.no_grad():
+        pred = ens.member_predict(ep)
+    for s, m in enumerate(members):
+        with torch.no_grad():
+            assert torch.allclose(m.predict(ep[s * 5 : (s + 1) * 5]), pred[s], atol=1e-12)
+    assert float(pred.abs().max()) > 1e-3
+
+
 def test_member_predict_matches_unstacked_models() -> None:
     ens = Ensemble([_model(s) for s in range(3)])
     ep = ensemble_sampler(SAMPLES)(5, generator=generator(1), dtype=F64)

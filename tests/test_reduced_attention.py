@@ -200,7 +200,9 @@ def test_nonzero_blocks_change_the_prediction() -> None:
 
 def test_zero_blocks_option_of_the_layer() -> None:
     for kq in ("merged", "separate"):
-        layer = LinearAttention(D, n_heads=2, key_query=kq, rank=2, init_std=1.0, zero_blocks=True)
+        layer = LinearAttention(
+            D, n_heads=2, key_query=kq, rank=2 if kq == "separate" else None, init_std=1.0, zero_blocks=True
+        )
         assert not layer.P[:, -1, :D].any() and (layer.P[:, -1, -1] != 0).all()
         if kq == "merged":
             assert not layer.Q[:, -1, :D].any() and (layer.Q[:, :D, :D] != 0).all()

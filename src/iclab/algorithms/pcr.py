@@ -70,8 +70,8 @@ class PCR:
         require(
             self,
             "covariance",
-            tuple(cov.shape[-2:]) == (episode.d, episode.d),
-            f"({episode.d}, {episode.d})",
+            tuple(cov.shape) == (episode.d, episode.d),
+            f"one population covariance of shape ({episode.d}, {episode.d}) shared by the batch",
             tuple(cov.shape),
         )
         return cov.to(dtype=episode.dtype, device=episode.device)

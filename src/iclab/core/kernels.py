@@ -64,14 +64,17 @@ def gram(
     *,
     sigma: float = 1.0,
     source_mask: Tensor | None = None,
+    logit_cap: float | None = None,
 ) -> Tensor:
     """[κ(s_i, t_j)]_{ij}: (…, m, d) sources, (…, k, d) targets -> (…, m, k).
 
     ``source_mask`` (…, m) bool, optional: sources that are False get weight 0 (and, for softmax, are
     left out of the normalisation), e.g. the query token, which is never a source (the paper's M).
+    ``logit_cap`` (exp only): exp(min(sᵀt/σ², cap)), an overflow guard that is exact below the cap.
     """
     require("gram", "kernel", kernel in KERNELS, f"one of {KERNELS}", kernel)
     require("gram", "sigma", float(sigma) > 0, "a float > 0", sigma)
+    require("gram", "logit_cap", logit_cap is None or kernel == "exp", "None unless kernel is 'exp'", logit_cap)
     require_shape("gram", "targets", tuple(targets.shape), (*sources.shape[:-2], None, sources.shape[-1]))
     if kernel in ("linear", "relu", "exp", "softmax", "arccos"):
         inner = sources @ targets.transpose(-1, -2)  # (…, m, k)
@@ -80,7 +83,8 @@ def gram(
         elif kernel == "relu":
             out = torch.relu(inner)
         elif kernel == "exp":
-            out = torch.exp(inner / sigma**2)
+            logits = inner / sigma**2
+            out = torch.exp(logits if logit_cap is None else logits.clamp(max=logit_cap))
         elif kernel == "arccos":
             out = _arccos1(inner, sources.norm(dim=-1).unsqueeze(-1) * targets.norm(dim=-1).unsqueeze(-2))
         else:

@@ -167,10 +167,11 @@ class KernelAttention(nn.Module):
         """(H, D, D) value matrix in the paper's orientation."""
         if self.value == "full":
             return self.V_free
-        V = torch.zeros(self.n_heads, self.D, self.D, dtype=self.r_free.dtype, device=self.r_free.device)
-        V[:, -1, -1] = self.r_free
+        corner = torch.zeros(self.D, self.D, dtype=self.r_free.dtype, device=self.r_free.device)
+        corner[-1, -1] = 1.0  # e_D e_Dᵀ; built out of place so the layer also works under vmap (Ensemble)
+        V = self.r_free[:, None, None] * corner
         if self.value == "sparse":
-            V[:, : self.d, : self.d] = self.A_free
+            V = V + nn.functional.pad(self.A_free, (0, 1, 0, 1))
         return V
 
     @property
@@ -216,11 +217,8 @@ class KernelAttention(nn.Module):
                 g = u.transpose(1, 2) @ vals[:, s]  # (B, ·, D or 1)
                 out = out + w @ g
                 continue
-            if act == "exp" and self.exp_logit_cap is not None:  # overflow guard: exact below the cap
-                logits = (u @ w.transpose(1, 2)) / self.sigma**2  # (B, n, T)
-                scores = torch.exp(logits.clamp(max=self.exp_logit_cap))
-            else:
-                scores = gram(act, u, w, sigma=self.sigma)  # (B, n, T), softmax over the n sources
+            cap = self.exp_logit_cap if act == "exp" else None  # overflow guard: exact below the cap
+            scores = gram(act, u, w, sigma=self.sigma, logit_cap=cap)  # (B, n, T), softmax over the n sources
             out = out + scores.transpose(1, 2) @ vals[:, s]
         if self.divide_by_n:
             out = out / n

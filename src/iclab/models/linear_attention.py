@@ -81,6 +81,7 @@ class LinearTransformerConfig:
         require(self, "init_std", self.init_std >= 0, "a float >= 0")
         require(self, "key_query", self.key_query in KEY_QUERY, f"one of {KEY_QUERY}")
         require(self, "rank", self.rank is None or (isinstance(self.rank, int) and self.rank >= 1), "None or >= 1")
+        require(self, "rank", self.rank is None or self.key_query == "separate", "None unless key_query='separate'")
         require(self, "sources", self.sources in SOURCES, f"one of {SOURCES}")
         require(self, "readout", self.readout in READOUTS, f"one of {READOUTS}")
 
@@ -115,6 +116,7 @@ class LinearAttention(nn.Module):
         require(owner, "key_query", key_query in KEY_QUERY, f"one of {KEY_QUERY}", key_query)
         require(owner, "sources", sources in SOURCES, f"one of {SOURCES}", sources)
         require(owner, "rank", rank is None or (isinstance(rank, int) and rank >= 1), "None or an int >= 1", rank)
+        require(owner, "rank", rank is None or key_query == "separate", "None unless key_query='separate'", rank)
         for name, value in (("key_query", key_query != "merged"), ("zero_blocks", zero_blocks)):
             require(owner, name, not value or pattern == "full", "its default unless pattern='full'", pattern)
         self.d, self.D, self.n_heads = d, d + 1, n_heads

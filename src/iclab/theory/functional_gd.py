@@ -200,7 +200,11 @@ def stationary_point(
 
     eye = torch.eye(d, dtype=Sigma.dtype, device=Sigma.device)
     root = sym_inv_sqrt(Sigma)
-    A = torch.zeros(L, d, d, dtype=Sigma.dtype) if a is None else per_layer("a", a)[:, None, None] * eye
+    A = (
+        torch.zeros(L, d, d, dtype=Sigma.dtype, device=Sigma.device)
+        if a is None
+        else per_layer("a", a)[:, None, None] * eye
+    )
     B = per_layer("b", b)[:, None, None] * root
     C = per_layer("c", c)[:, None, None] * root
     V = torch.zeros(L, d + 1, d + 1, dtype=Sigma.dtype, device=Sigma.device)
@@ -220,7 +224,7 @@ def stationary_point_learner(
     require(
         "stationary_point_learner",
         "params['A']",
-        bool(torch.allclose(A, a[:, None, None] * torch.eye(A.shape[-1], dtype=A.dtype))),
+        bool(torch.allclose(A, a[:, None, None] * torch.eye(A.shape[-1], dtype=A.dtype, device=A.device))),
         "a_ℓ I per layer",
         "a non-scalar A",
     )

@@ -280,28 +280,43 @@ def _full_batch_reduced(
 def _full_batch_autograd(
     model: nn.Module, episode: Episode, lr: float, steps: int, record_every: int
 ) -> tuple[dict[str, list[Tensor]], list[int], Tensor]:
+    """Plain full-batch GD for any module with ``predict``, through the one trainer: SGD without
+    momentum on the fixed set (``train_size = batch_size = P``), the parameters and the training MSE
+    recorded at the steps of :func:`_record_steps`."""
+    from iclab.training.config import TrainConfig
+    from iclab.training.trainer import train
+
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     require("full_batch_gd", "model", bool(named), "a module with trainable parameters", type(model).__name__)
     if episode.y_query is None:
         raise ValueError("full_batch_gd needs training episodes with y_query (the targets)")
     rec = _record_steps(steps, record_every)
-    rec_set = set(rec)
-    snaps: dict[str, list[Tensor]] = {k: [] for k, _ in named}
-    losses: list[Tensor] = []
-    for step in range(steps + 1):
-        loss = (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
-        if step in rec_set:
-            losses.append(loss.detach())
-            for k, p in named:
-                snaps[k].append(p.detach().clone())
-        if step == steps:
-            break
-        grads = torch.autograd.grad(loss, [p for _, p in named])
+
+    def mse() -> Tensor:
         with torch.no_grad():
-            for (_, p), g in zip(named, grads, strict=True):
-                p.sub_(g, alpha=lr)
+            return (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
+
+    if steps == 0:
+        return {k: [p.detach().clone()] for k, p in named}, rec, mse().reshape(1)
+    dtype = named[0][1].dtype
+    cfg = TrainConfig(
+        steps=steps, batch_size=episode.batch_size, train_size=episode.batch_size, optimizer="sgd", lr=lr,
+        eval_every=0, log_every=record_every, snapshot_every=record_every, checkpoint_every=0,
+        dtype=str(dtype).removeprefix("torch."), progress=False,
+    )  # fmt: skip
+    result = train(
+        model,
+        lambda batch, *, generator, dtype: episode,  # the fixed training set; no randomness to draw
+        cfg,
+        device=episode.device,
+        test_episode=episode,
+        snapshot_fn=lambda m: {k: p.detach() for k, p in m.named_parameters() if p.requires_grad},
+    )
+    by_step = {int(r["step"]): r["train_loss"] for r in result.history}  # MSE before that step's update
+    losses = [by_step[t] if t < steps else result.final_test_loss for t in rec]  # after the last update
+    snaps = {k: list(v.to(device=episode.device, dtype=dtype).unbind(0)) for k, v in result.snapshots.items()}
     _nonfinite("full_batch_gd", {k: p.detach() for k, p in named}, lr)
-    return snaps, rec, torch.stack(losses)
+    return snaps, rec, torch.tensor(losses, dtype=dtype, device=episode.device)
 
 
 def full_batch_gd(
