@@ -153,6 +153,7 @@ def _loss_panel(ax: Any, time: Tensor, loss: Tensor, levels: Tensor | None, titl
     if levels is not None:
         _theory_lines(ax, levels)
     ax.set_xscale("symlog", linthresh=max(float(time[-1]) / 1000, 1e-9))  # early plateaus are short
+    ax.set_xlim(left=0)  # the dashed theory lines would otherwise stretch the axis into negative time
     ax.set_xlabel(xlabel)
     ax.set_ylabel("loss")
     ax.set_title(title, fontsize=9)
@@ -902,6 +903,7 @@ def plot_fig6(results: dict[str, Any], cfg: Fig6Config, out: Path) -> list[Path]
             ax.plot(r["time"].numpy(), r["loss"][i].numpy(), label=f"w_init={w:g}", color=f"C{i}")
         _theory_lines(ax, lv)
         ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlim(left=0)
         ax.set_xlabel("t / τ")
         ax.set_ylabel("loss")
         ax.set_title(f"({'a' if key == 'merged' else 'b'}) linear ATTN_{'M' if key == 'merged' else 'S'}", fontsize=9)
