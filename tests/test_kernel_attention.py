@@ -140,7 +140,7 @@ def test_example_3_softmax_with_asm21_equals_blocks() -> None:
 
 def test_linear_path_never_forms_scores(monkeypatch: pytest.MonkeyPatch) -> None:
     """DESIGN: linear h̃ is evaluated by associativity; ``gram`` is not called for a linear head."""
-    import iclab.models.kernel_attention as ka
+    import iclab.models.attention_core as ka  # the shared update (KernelAttention and LinearAttention)
 
     def boom(*a, **k):
         raise AssertionError("gram called for a linear head")

@@ -27,7 +27,8 @@ The paper has no 1/n factor (the steps r absorb it); the authors' code divides e
 output by n: ``divide_by_n``. The paper reads out −ŷ = [Z_L]_{d+1,n+1} (the loss (5) is
 E([Z_L]_{d+1,n+1} + y)²); :meth:`KernelTransformer.predict` returns +ŷ = −[Z_L]_{d+1,n+1}.
 
-Linear h̃ is evaluated by associativity, Δ_j = V (Σ_i z_i u_iᵀ) w_j: O(n·D²), no score matrix.
+Linear h̃ is evaluated by associativity, Δ_j = V (Σ_i z_i u_iᵀ) w_j: O(n·D²), no score matrix. The
+per-head update is :func:`iclab.models.attention_core.attention_update`, shared with LinearAttention.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require
-from iclab.core.kernels import gram
+from iclab.models.attention_core import attention_update
 from iclab.models.linear_attention import embed
 
 Activation = Literal["linear", "relu", "exp", "softmax"]
@@ -202,26 +203,23 @@ class KernelAttention(nn.Module):
     def forward(self, z: Tensor, n: int) -> Tensor:
         """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources; all T are targets."""
         ctx = z[:, :n]  # (B, n, D): M drops the query as a source
-        feats = z if self.qk == "full" else z[..., : self.d]  # (B, T, D or d)
-        left = self.Q_free if self.qk == "full" else self.B_free  # (H, ·, ·) applied to sources
-        right = self.K_free if self.qk == "full" else self.C_free  # applied to targets
+        # Head s: key [B_s, 0] z_i (or Q_s z_i), query [C_s, 0] z_j (or K_s z_j), value V_s z_i; the
+        # label-only value is r_s e_Dᵀ z_i = r_s y_i, a (1, D) map.
         if self.value == "label":
-            vals = ctx[..., -1:].unsqueeze(1) * self.r_free[None, :, None, None]  # (B, H, n, 1)
+            value_maps = nn.functional.pad(self.r_free[:, None, None], (self.d, 0))  # (H, 1, D): [0, r_s]
         else:
-            vals = torch.einsum("bid,hed->bhie", ctx, self.V)  # (B, H, n, D): V_s z_i
-        out = torch.zeros_like(z[..., -1:] if self.value == "label" else z)  # (B, T, D or 1)
-        for s, act in enumerate(self.activations):
-            u = feats[:, :n] @ left[s].T  # (B, n, ·): B x_i (sources)
-            w = feats @ right[s].T  # (B, T, ·): C x_j (targets)
-            if act == "linear":  # associativity: Δ_j = (Σ_i v_i u_iᵀ) w_j, no (n, T) scores
-                g = u.transpose(1, 2) @ vals[:, s]  # (B, ·, D or 1)
-                out = out + w @ g
-                continue
-            cap = self.exp_logit_cap if act == "exp" else None  # overflow guard: exact below the cap
-            scores = gram(act, u, w, sigma=self.sigma, logit_cap=cap)  # (B, n, T), softmax over the n sources
-            out = out + scores.transpose(1, 2) @ vals[:, s]
-        if self.divide_by_n:
-            out = out / n
+            value_maps = self.V
+        out = attention_update(  # (B, T, D or 1); linear heads by associativity, softmax over the n sources
+            ctx,
+            z,
+            self.K_free if self.qk == "full" else nn.functional.pad(self.C_free, (0, 1)),
+            value_maps,
+            self.activations,
+            key_maps=self.Q_free if self.qk == "full" else nn.functional.pad(self.B_free, (0, 1)),
+            sigma=self.sigma,
+            logit_cap=self.exp_logit_cap,
+            scale=1.0 / n if self.divide_by_n else 1.0,
+        )
         if self.value == "label":
             return torch.cat([z[..., :-1], z[..., -1:] + out], dim=-1)
         return z + out

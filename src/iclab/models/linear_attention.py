@@ -8,6 +8,8 @@ The paper's tokens are columns, Z ∈ R^{D×(n+1)} with D = d + 1; here z = Zᵀ
 the query last, so the update reads z ← z + z Qᵀ (cᵀc / n) Pᵀ with c = z[:, :n] the context rows
 (M removes the query as a source, there is no causal mask). This is O(n·D²) per prompt by
 associativity; no (n+1)×(n+1) score matrix is formed. P and Q keep the paper's orientation.
+The per-head update is :func:`iclab.models.attention_core.attention_update` (shared with
+KernelAttention); this layer only builds its maps (key I, query Q_h, value P_h) and the 1/n.
 
 The ReLU variant of Thm 5 (Sec. 6), Z ← Z + (1/n) P Z M σ(ZᵀQZ), must form the scores.
 
@@ -42,7 +44,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require
-from iclab.core.kernels import gram
+from iclab.models.attention_core import attention_update
 
 Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
 PATTERNS = ("full", "sparse", "sparse_symmetric", "pattern11")
@@ -235,21 +237,11 @@ class LinearAttention(nn.Module):
             return out[:, -1:] if query_only else out
         if query_only:
             z, ctx = z[:, -1:], ctx  # targets: the query row; the sources are unchanged
-        P, Q = self.P, self.Q  # (H, D, D)
-        if self.activation == "linear":
-            g = ctx.transpose(1, 2) @ ctx / n  # (B, D, D): the paper's (1/n) Z M Zᵀ
-            # Σ_h Q_hᵀ g P_hᵀ, one (B, D, D) matrix; the update is z @ it.
-            m = torch.einsum("hji,bjk,hlk->bil", Q, g, P)  # (B, D, D)
-            return z + z @ m if self.residual else z @ m
-        vals = torch.einsum("bid,hed->bhie", ctx, P)  # (B, H, m, D): P_h c_i
-        if self.activation == "relu":
-            scores = torch.einsum("bid,hde,bje->bhij", ctx, Q, z)  # (B, H, m, T): c_iᵀ Q_h z_j
-            upd = torch.einsum("bhij,bhie->bje", torch.relu(scores), vals) / n
-        else:  # softmax over the sources, raw scores (ρ = 1), Zhang et al. 2025 Sec. 7
-            targets = torch.einsum("bje,hde->bhjd", z, Q)  # (B, H, T, D): rows (Q_h z_j)ᵀ
-            sources = ctx.unsqueeze(1).expand(-1, self.n_heads, -1, -1)  # (B, H, m, D)
-            weights = gram("softmax", sources, targets)  # (B, H, m, T), columns sum to 1
-            upd = torch.einsum("bhij,bhie->bje", weights, vals)
+        # Head h: key c_i (W_K = I), query Q_h z_j, value P_h c_i; the score is c_iᵀ Q_h z_j. Linear
+        # scores reduce to z Σ_h Q_hᵀ (cᵀc) P_hᵀ / n: O(n·D²), no score matrix.
+        # Linear and ReLU scores carry 1/n (eq. 3); softmax is raw (ρ = 1), Zhang et al. 2025 Sec. 7.
+        scale = 1.0 if self.activation == "softmax" else 1.0 / n
+        upd = attention_update(ctx, z, self.Q, self.P, (self.activation,) * self.n_heads, scale=scale)
         return z + upd if self.residual else upd
 
 
