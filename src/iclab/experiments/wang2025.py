@@ -418,24 +418,18 @@ class DepthConfig(CatSetup):
 def run_depth(cfg: DepthConfig, ctx: RunContext) -> dict[str, Any]:
     task, val, test, bayes = _synthetic(cfg)
     sample = functools.partial(task.sample, n=cfg.n)
-    out: dict[str, Any] = {"bayes": bayes, "blocks": list(cfg.blocks), "gd": {}}
+    return {"bayes": bayes, "blocks": list(cfg.blocks), "gd": _gd_per_depth(cfg, ctx, sample, val, test)}
+
+
+def _gd_per_depth(cfg: Any, ctx: RunContext, sample: Any, val: Any, test: Any) -> dict[int, dict[str, Any]]:
+    """The GD model with each number of blocks in ``cfg.blocks``, every seed: {K: runs + summary}."""
+    out: dict[int, dict[str, Any]] = {}
     for K in cfg.blocks:
-        runs = [
-            _train_run(
-                cfg,
-                ctx,
-                _model(cfg, K, "gd", s),
-                sample,
-                cfg.L,
-                seed=s,
-                mode="gd",
-                val=val,
-                test=test,
-                name=f"gd-K{K}-seed{s}",
-            )
-            for s in range(cfg.seeds)
-        ]
-        out["gd"][K] = {"runs": runs, **_summary(runs)}
+        runs = []
+        for s in range(cfg.seeds):
+            model, name = _model(cfg, K, "gd", s), f"gd-K{K}-seed{s}"
+            runs.append(_train_run(cfg, ctx, model, sample, cfg.L, seed=s, mode="gd", val=val, test=test, name=name))
+        out[K] = {"runs": runs, **_summary(runs)}
     return out
 
 
@@ -549,30 +543,12 @@ def run_image(cfg: ImageConfig, ctx: RunContext) -> dict[str, Any]:
     val = test_eps.sample(cfg.val_size, cfg.n, generator=generator(derive_seed(0, "val")), dtype=dtype)
     test = test_eps.sample(cfg.test_size, cfg.n, generator=generator(derive_seed(0, "test")), dtype=torch.float64)
     probe = LinearProbe(num_classes=cfg.num_classes, l2=cfg.probe_l2).predict(test)
-    out: dict[str, Any] = {
+    sample = functools.partial(train_eps.sample, n=cfg.n)
+    return {
         "probe": {"acc": float(accuracy(probe, test.label_query)), "nll": float(nll(probe, test.label_query))},
         "blocks": list(cfg.blocks),
-        "gd": {},
+        "gd": _gd_per_depth(cfg, ctx, sample, val, test.to(dtype=dtype)),
     }
-    sample = functools.partial(train_eps.sample, n=cfg.n)
-    for K in cfg.blocks:
-        runs = [
-            _train_run(
-                cfg,
-                ctx,
-                _model(cfg, K, "gd", s),
-                sample,
-                cfg.L,
-                seed=s,
-                mode="gd",
-                val=val,
-                test=test.to(dtype=dtype),
-                name=f"gd-K{K}-seed{s}",
-            )
-            for s in range(cfg.seeds)
-        ]
-        out["gd"][K] = {"runs": runs, **_summary(runs)}
-    return out
 
 
 def plot_image(results: dict[str, Any], cfg: ImageConfig, out: Path) -> list[Path]:
