@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from iclab.core.episode import Episode
 from iclab.core.errors import require
 from iclab.core.io import atomic_torch_save, atomic_write_text
-from iclab.models.reduced_attention import _ReducedAttention, context_statistic, prefix_statistics
+from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
 from iclab.theory.attention_dynamics import population_loss, second_moment_hat
 
 __all__ = ["Trajectory", "full_batch_gd", "online_sgd", "population_flow"]
@@ -224,8 +224,8 @@ def _statistics(episode: Episode, next_token: bool) -> tuple[Tensor, Tensor, Ten
 
 
 def _moments(beta: Tensor, xq: Tensor, yq: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """E_P(z zᵀ) (d², d²), E_P(y z) (d²,), E_P(y²) () for z = row-major vec(β x_qᵀ)."""
-    z = (beta.unsqueeze(-1) * xq.unsqueeze(-2)).flatten(-2)  # (P, d²)
+    """E_P(z zᵀ) (d², d²), E_P(y z) (d²,), E_P(y²) () for the cubic feature z = vec(β x_qᵀ) (eq. 7)."""
+    z = cubic_feature(beta, xq)  # (P, d²), column-stacked: ŷ = vec(W)ᵀ z
     P = z.shape[0]
     return z.T @ z / P, z.T @ yq / P, yq.pow(2).mean()
 
@@ -255,9 +255,9 @@ def _full_batch_reduced(
     for step in range(steps + 1):
         W = m.effective_matrix(params)  # ([S,] d, d)
         if method == "moments":
-            w = W.flatten(-2)  # ([S,] d²)
+            w = W.mT.flatten(-2)  # ([S,] d²): vec(W), columns stacked like z
             Mw = (M @ w.unsqueeze(-1)).squeeze(-1)
-            G = (c - Mw).unflatten(-1, (d, d))  # mean(r β x_qᵀ) = −½ ∂L/∂W
+            G = (c - Mw).unflatten(-1, (d, d)).mT  # mean(r β x_qᵀ) = −½ ∂L/∂W
             if step in rec_set:
                 losses.append(yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1))
         else:
