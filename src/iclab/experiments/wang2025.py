@@ -433,15 +433,20 @@ def _gd_per_depth(cfg: Any, ctx: RunContext, sample: Any, val: Any, test: Any) -
     return out
 
 
+def _gd_curves(axes: Any, gd: dict[int, dict[str, Any]], blocks: list[int], color: Any, prefix: str) -> None:
+    """Test accuracy (left) and NLL (right) over updates, ± std over seeds, one band per block count."""
+    for i, K in enumerate(blocks):
+        runs = gd[K]["runs"]
+        x = runs[0]["steps"].numpy()
+        for ax, key in zip(axes[0], ("test_acc", "test_nll"), strict=True):
+            band(ax, x, torch.stack([r[key] for r in runs]), label=f"{prefix}{K} block(s)", color=color(i))
+
+
 def plot_depth(results: dict[str, Any], cfg: DepthConfig, out: Path) -> list[Path]:
     fig, axes = subplots(1, 2)
     cmap = __import__("matplotlib").colormaps["viridis"]
-    for i, K in enumerate(results["blocks"]):
-        runs = results["gd"][K]["runs"]
-        x = runs[0]["steps"].numpy()
-        color = cmap(i / max(1, len(results["blocks"]) - 1))
-        band(axes[0, 0], x, torch.stack([r["test_acc"] for r in runs]), label=f"{K} block(s)", color=color)
-        band(axes[0, 1], x, torch.stack([r["test_nll"] for r in runs]), label=f"{K} block(s)", color=color)
+    blocks = results["blocks"]
+    _gd_curves(axes, results["gd"], blocks, lambda i: cmap(i / max(1, len(blocks) - 1)), "")
     axes[0, 0].axhline(results["bayes"]["test_max_prob"], ls="--", color="tab:green", label="Bayes")
     for ax, name in zip(axes[0], ("top-1 accuracy", "NLL"), strict=True):
         ax.set_xlabel("optimizer updates")
@@ -553,12 +558,8 @@ def run_image(cfg: ImageConfig, ctx: RunContext) -> dict[str, Any]:
 
 def plot_image(results: dict[str, Any], cfg: ImageConfig, out: Path) -> list[Path]:
     fig, axes = subplots(1, 2)
-    for i, K in enumerate(results["blocks"]):
-        runs = results["gd"][K]["runs"]
-        x = runs[0]["steps"].numpy()
-        color = ("tab:blue", "tab:orange", "tab:purple", "tab:brown")[i % 4]
-        band(axes[0, 0], x, torch.stack([r["test_acc"] for r in runs]), label=f"GD {K} block(s)", color=color)
-        band(axes[0, 1], x, torch.stack([r["test_nll"] for r in runs]), label=f"GD {K} block(s)", color=color)
+    palette = ("tab:blue", "tab:orange", "tab:purple", "tab:brown")
+    _gd_curves(axes, results["gd"], results["blocks"], lambda i: palette[i % 4], "GD ")
     axes[0, 0].axhline(results["probe"]["acc"], ls="--", color="k", label="linear probing")
     axes[0, 1].axhline(results["probe"]["nll"], ls="--", color="k", label="linear probing")
     for ax, name in zip(axes[0], ("accuracy (held-out classes)", "NLL"), strict=True):
