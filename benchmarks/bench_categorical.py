@@ -19,7 +19,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from iclab.bench import matmul_peak, timeit
-from iclab.core.devices import resolve_device
+from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.seeding import generator
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.tasks.categorical import RBFMixtureCategorical
@@ -65,11 +65,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("device", nargs="?", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-tune-allocator", action="store_true", help="leave glibc malloc at its defaults")
     args = parser.parse_args()
+    tuned = not args.no_tune_allocator and tune_cpu_allocator()
     device = resolve_device(args.device)
     peak = matmul_peak(device)
     out = {"device": str(device), "threads": torch.get_num_threads(), "cpu": platform.processor(),
-           "matmul_peak_gflops": peak}  # fmt: skip
+           "matmul_peak_gflops": peak, "allocator_tuned": tuned}  # fmt: skip
     for mode in ("gd", "free"):
         r = training_step(mode, device=device, repeats=args.repeats)
         r["fraction_of_peak"] = r["achieved_gflops"] / peak

@@ -55,6 +55,38 @@ def test_k_blocks_are_k_steps_of_categorical_gd(kernel: str) -> None:
     assert lat[-1].abs().max() > 0.1
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_identity_erasure_fast_path_equals_the_block_pass(kernel: str) -> None:
+    """``predict`` with the exact erasure (context and query streams, no (B, n+1, n) tensor) = the general block
+    pass with the λ = 1e5 rbf erasure, values and gradients (α, a, W_e), K = 1..4, float64 to 1e-12."""
+    ep = _episode(batch=3, n=40, seed=2)
+    W = ep.task["W_e"]
+    for K in range(1, 5):
+        ref = constructions.categorical_gd(W, _steps(K, K), d=10, kernel=kernel, scale=0.7, erasure="rbf")
+        fast = constructions.categorical_gd(W, _steps(K, K), d=10, kernel=kernel, scale=0.7, erasure="identity")
+        outs = []
+        for m in (ref, fast):
+            m.zero_grad()
+            logits = m.predict(ep)
+            torch.nn.functional.cross_entropy(logits, ep.label_query).backward()
+            outs.append((logits, [p.grad for p in m.parameters() if p.requires_grad]))
+        assert_close(outs[1][0], outs[0][0], rtol=1e-12, atol=1e-12)
+        for g_fast, g_ref in zip(outs[1][1], outs[0][1], strict=True):
+            assert_close(g_fast, g_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_weigh_is_the_batched_product_and_its_gradient() -> None:
+    """``weigh`` (the CPU-fast orientation with its own backward) = ``weights @ values``: gradcheck in float64."""
+    from iclab.models.categorical_attention import weigh
+
+    g = iclab.generator(3)
+    for k in (1, 5, 9):  # thin (custom backward) and wide (plain @) value widths
+        w = torch.rand(2, 7, 6, generator=g, dtype=F64, requires_grad=True)
+        v = torch.randn(2, 6, k, generator=g, dtype=F64, requires_grad=True)
+        assert_close(weigh(w, v), w @ v, rtol=1e-14, atol=1e-14)
+        assert torch.autograd.gradcheck(weigh, (w, v))
+
+
 def test_construction_in_float32() -> None:
     """Claim 1, float32: relative error <= 1e-5 for K = 4 (λ = 1e5 erasure stays exact: scores underflow to 0)."""
     ep = _episode(dtype=F32)

@@ -468,3 +468,18 @@ def test_model_rejects_wrong_input_dimension(episode64: Episode) -> None:
     model = models.LinearTransformer(models.LinearTransformerConfig(d=3))
     with pytest.raises(ValueError, match=r"built for d=3; got an episode with d=4"):
         model.predict(episode64.to(dtype=F32))
+
+
+def test_tune_cpu_allocator_is_idempotent_and_harmless() -> None:
+    """glibc mallopt tuning: True on Linux/glibc (False elsewhere), idempotent, tensors still allocate and free."""
+    import sys
+
+    from iclab.core.devices import tune_cpu_allocator
+
+    first = tune_cpu_allocator()
+    assert isinstance(first, bool)
+    assert tune_cpu_allocator() == first
+    if sys.platform.startswith("linux"):
+        assert first
+    x = torch.ones(1 << 23)  # 32 MB: above glibc's default mmap threshold
+    assert float(x.sum()) == float(1 << 23)

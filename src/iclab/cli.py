@@ -40,6 +40,19 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2) from e
 
 
+@app.callback()
+def _setup(
+    tune_allocator: Annotated[
+        bool, typer.Option(help="keep freed tensor memory in the process (glibc; ~25% faster CPU steps)")
+    ] = True,
+) -> None:
+    """In-context learning lab: reproduce papers, train models, benchmark."""
+    if tune_allocator:
+        from iclab.core.devices import tune_cpu_allocator
+
+        tune_cpu_allocator()
+
+
 @app.command("list")
 def list_cmd() -> None:
     """List experiments and their presets."""

@@ -76,22 +76,26 @@ def gram(
     require("gram", "sigma", float(sigma) > 0, "a float > 0", sigma)
     require("gram", "logit_cap", logit_cap is None or kernel == "exp", "None unless kernel is 'exp'", logit_cap)
     require_shape("gram", "targets", tuple(targets.shape), (*sources.shape[:-2], None, sources.shape[-1]))
-    if kernel in ("linear", "relu", "exp", "softmax", "arccos"):
+    if kernel == "softmax":
+        # computed as (…, k, m) and returned as its transposed view, so that the normalisation over the
+        # sources runs along contiguous memory (a strided softmax over dim −2 costs ~3× more, forward and back)
+        logits = targets @ sources.mT.contiguous()  # a contiguous right operand: ~1.5× faster batched GEMM on CPU
+        if sigma != 1.0:
+            logits = logits / sigma**2
+        if source_mask is not None:
+            logits = logits.masked_fill(~source_mask.unsqueeze(-2), float("-inf"))
+        return torch.softmax(logits, dim=-1).transpose(-1, -2)
+    if kernel in ("linear", "relu", "exp", "arccos"):
         inner = sources @ targets.transpose(-1, -2)  # (…, m, k)
         if kernel == "linear":
             out = inner
         elif kernel == "relu":
             out = torch.relu(inner)
         elif kernel == "exp":
-            logits = inner / sigma**2
+            logits = inner if sigma == 1.0 else inner / sigma**2
             out = torch.exp(logits if logit_cap is None else logits.clamp(max=logit_cap))
-        elif kernel == "arccos":
-            out = _arccos1(inner, sources.norm(dim=-1).unsqueeze(-1) * targets.norm(dim=-1).unsqueeze(-2))
         else:
-            logits = inner / sigma**2
-            if source_mask is not None:
-                logits = logits.masked_fill(~source_mask.unsqueeze(-1), float("-inf"))
-            return torch.softmax(logits, dim=-2)
+            out = _arccos1(inner, sources.norm(dim=-1).unsqueeze(-1) * targets.norm(dim=-1).unsqueeze(-2))
     elif kernel == "rbf":
         # ‖s − t‖² = ‖s‖² + ‖t‖² − 2 sᵀt: one batched matmul, no (…, m, k, d) difference tensor
         sq = sources.pow(2).sum(-1).unsqueeze(-1) + targets.pow(2).sum(-1).unsqueeze(-2)

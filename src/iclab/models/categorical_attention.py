@@ -132,17 +132,64 @@ def kernel_head(
     values: Tensor,
     *,
     divide_by_n: bool = True,
-    scores: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Σ_{i≤n} κ(k_i, q_j) v_i for every target j: keys (B, n, ·), queries (B, T, ·), values (B, n, k) -> (B, T, k).
 
     The n keys are the context tokens only (queries masked as keys); softmax is normalised over them.
-    ``divide_by_n``: ÷ n for the unnormalised kernels. ``scores`` (B, n, T): precomputed κ(k_i, q_j) (the GD
-    model's scores are the same in every block).
+    ``divide_by_n``: ÷ n for the unnormalised kernels. ``weights`` (B, T, n): precomputed κ(k_i, q_j) in
+    target-major layout (the GD model's scores are the same in every block); see :func:`head_weights`.
     """
-    h = gram(kernel, keys, queries) if scores is None else scores  # type: ignore[arg-type]  # (B, n, T)
-    out = h.transpose(1, 2) @ values  # (B, T, k)
+    w = head_weights(kernel, keys, queries) if weights is None else weights  # (B, T, n)
+    out = weigh(w, values)  # (B, T, k)
     return out / keys.shape[1] if divide_by_n and kernel != "softmax" else out
+
+
+#: value widths up to which :func:`weigh` takes the transposed orientation (measured: 2× faster at k = 5, slower
+#: at k = 25, where the transposing copies cost more than the GEMM saves)
+THIN_VALUES = 8
+
+
+class _Weigh(torch.autograd.Function):
+    """weights (B, T, n) @ values (B, n, k) with every product in the orientation MKL's batched GEMM is fast in.
+
+    With few value columns (k ≪ n) a plain ``weights @ values`` runs at ~2 GB/s on CPU; the thin operand on
+    the left, (valuesᵀ weightsᵀ)ᵀ, is ~2× faster, and the weight gradient is produced row-major, as the
+    softmax backward reads it (autograd through the transposed form would hand it a transposed gradient and
+    a (B, T, n) copy). Measured in benchmarks/bench_categorical.py.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(weights: Tensor, values: Tensor) -> Tensor:
+        return (values.mT.contiguous() @ weights.mT).mT
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        weights, values = ctx.saved_tensors
+        g_w = grad @ values.mT if ctx.needs_input_grad[0] else None  # (B, T, n) row-major
+        g_v = (grad.mT.contiguous() @ weights).mT if ctx.needs_input_grad[1] else None  # (B, n, k)
+        return g_w, g_v
+
+
+def weigh(weights: Tensor, values: Tensor) -> Tensor:
+    """weights (B, T, n) @ values (B, n, k) -> (B, T, k) (a transposed view), the same product as ``@``,
+    computed in the orientation that is fast on CPU for thin values (see :class:`_Weigh`); differentiable
+    once (not twice)."""
+    if values.shape[-1] > THIN_VALUES:
+        return weights @ values
+    return _Weigh.apply(weights, values)
+
+
+def head_weights(kernel: str, keys: Tensor, queries: Tensor) -> Tensor:
+    """κ(k_i, q_j) as (B, T, n), target-major: ``gram``'s (B, n, T) transposed (for softmax a free view, since
+    ``gram`` normalises along contiguous memory), so that w @ values and its backward read rows."""
+    return gram(kernel, keys, queries).transpose(1, 2)  # type: ignore[arg-type]
 
 
 def erasure_weights(kind: str, keys: Tensor, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
@@ -310,17 +357,17 @@ class CategoricalTransformer(_EmbeddingModel):
     def _block_index(self, k: int) -> int:
         return 0 if self.config.shared else k
 
-    def _gd_scores(self, z: Tensor, n: int) -> Tensor:
-        """κ(a x_i, a x_j), (B, n, T): head 1's scores, the same in every block of the GD model."""
-        x = z[..., : self.config.d]
-        return gram(self.config.kernel, self.scale * x[:, :n], self.scale * x)
+    def _gd_weights(self, z: Tensor, n: int) -> Tensor:
+        """κ(a x_i, a x_j), (B, T, n) target-major: head 1's weights, the same in every block of the GD model."""
+        x = self.scale * z[..., : self.config.d]
+        return head_weights(self.config.kernel, x[:, :n], x)
 
-    def _gd_block(self, z: Tensor, n: int, k: int, scores: Tensor | None = None) -> Tensor:
+    def _gd_block(self, z: Tensor, n: int, k: int, weights: Tensor | None = None) -> Tensor:
         cfg = self.config
         d, dp = cfg.d, cfg.d_embed
         x, U, E, F = z.split([d, dp, dp, dp], dim=-1)
-        h = self._gd_scores(z, n) if scores is None else scores
-        dF = kernel_head(cfg.kernel, x[:, :n], x, U[:, :n] - E[:, :n], divide_by_n=cfg.divide_by_n, scores=h)
+        w = self._gd_weights(z, n) if weights is None else weights
+        dF = kernel_head(cfg.kernel, x[:, :n], x, U[:, :n] - E[:, :n], divide_by_n=cfg.divide_by_n, weights=w)
         F = F + self.alpha[self._block_index(k)] * dF  # head 1, P = diag(α): f_{k+1}
         lam = cfg.erasure_scale
         if cfg.erasure == "identity":  # δ_ij: head 2 writes exactly −E, so the slot is empty
@@ -337,23 +384,29 @@ class CategoricalTransformer(_EmbeddingModel):
         E = E + softmax_cross_attention(F, self.W_e.T, self.W_e.T)  # cross-attention: E(w_e)|_{f_{k+1}}
         return torch.cat([x, U, E, F], dim=-1)
 
-    def _free_block(self, z: Tensor, n: int, k: int, scores: Tensor | None = None, last: bool = False) -> Tensor:
+    def _free_block(self, z: Tensor, n: int, k: int, weights: Tensor | None = None, last: bool = False) -> Tensor:
         """One free block on (B, T, D) tokens. ``last``: return only the m = T − n query tokens (the readout needs
         nothing else; keys and values still come from the whole context), when head 2 is an ordinary head."""
         cfg, blk = self.config, self.blocks[self._block_index(k)]
         ctx = z[:, :n]
         tgt = z[:, n:] if last and cfg.erasure == "kernel" else z  # the targets this block must produce
-        out = kernel_head(cfg.kernel, ctx @ blk.W_K[0].T, tgt @ blk.W_Q[0].T, ctx @ blk.W_V[0].T,
-                          divide_by_n=cfg.divide_by_n)  # fmt: skip
-        out = out @ blk.P[0].T
+        D = cfg.D
         if cfg.erasure == "kernel":
-            head2 = kernel_head(cfg.kernel, ctx @ blk.W_K[1].T, tgt @ blk.W_Q[1].T, ctx @ blk.W_V[1].T,
-                                divide_by_n=cfg.divide_by_n)  # fmt: skip
+            # both heads' keys and P·W_V values in one product over the context, both queries in one over the
+            # targets: P_h (Σ_i κ(·) W_V,h e_i) = Σ_i κ(·) (P_h W_V,h) e_i, so no per-head (B, T, D) output product
+            kv = ctx @ torch.cat([blk.W_K[0], blk.P[0] @ blk.W_V[0], blk.W_K[1], blk.P[1] @ blk.W_V[1]]).T
+            qs = tgt @ torch.cat([blk.W_Q[0], blk.W_Q[1]]).T
+            k1, v1, k2, v2 = kv.split(D, dim=-1)
+            q1, q2 = qs.split(D, dim=-1)
+            zt = tgt + kernel_head(cfg.kernel, k1, q1, v1, divide_by_n=cfg.divide_by_n)
+            zt = zt + kernel_head(cfg.kernel, k2, q2, v2, divide_by_n=cfg.divide_by_n)  # ẽ (eq. 37)
         else:
+            out = kernel_head(cfg.kernel, ctx @ blk.W_K[0].T, tgt @ blk.W_Q[0].T, ctx @ blk.W_V[0].T,
+                              divide_by_n=cfg.divide_by_n)  # fmt: skip
             keys2, queries2, vals2 = z @ blk.W_K[1].T, z @ blk.W_Q[1].T, z @ blk.W_V[1].T
             w_ctx, w_self = erasure_weights(cfg.erasure, keys2, queries2, n)
             head2 = w_ctx.transpose(1, 2) @ vals2[:, :n] + w_self.unsqueeze(-1) * vals2
-        zt = tgt + out + head2 @ blk.P[1].T  # ẽ (eq. 37)
+            zt = tgt + out @ blk.P[0].T + head2 @ blk.P[1].T  # ẽ (eq. 37)
         W = self.W_e.T  # (C, d') the columns w_{e,c}
         cross = softmax_cross_attention(zt @ blk.W_Qc.T, W @ blk.W_Kc.T, W @ blk.W_Vc.T)  # (B, T, D)
         return zt + cross @ blk.Pc.T  # eq. (44)
@@ -364,9 +417,9 @@ class CategoricalTransformer(_EmbeddingModel):
         n, out = episode.n, [z]
         gd = self.config.mode == "gd"
         block = self._gd_block if gd else self._free_block
-        scores = self._gd_scores(z, n) if gd else None
+        weights = self._gd_weights(z, n) if gd else None
         for k in range(self.config.n_blocks):
-            z = block(z, n, k, scores)
+            z = block(z, n, k, weights)
             out.append(z)
         return torch.stack(out)
 
@@ -379,17 +432,39 @@ class CategoricalTransformer(_EmbeddingModel):
                 z = self._free_block(z, n, k, last=k == K - 1)
             q = z if cfg.erasure == "kernel" else z[:, n:]  # with an ordinary head 2 the last block kept only queries
             return q[..., -cfg.d_embed :] @ self.W_e  # (B, m, C) readout (eq. 7)
-        # GD: the readout needs only the queries' F after the last block, so that block runs on the query
-        # targets only (its E slots and context tokens are never read): the same numbers, less work.
-        x = z[..., : cfg.d]
-        scores = gram(cfg.kernel, self.scale * x[:, :n], self.scale * x[:, n:] if K == 1 else self.scale * x)
-        for k in range(K - 1):
-            z = self._gd_block(z, n, k, scores)
-        dp = cfg.d_embed
-        U, E, F = z[:, :n, cfg.d : cfg.d + dp], z[:, :n, cfg.d + dp : cfg.d + 2 * dp], z[:, n:, -dp:]
-        h = scores if K == 1 else scores[:, :, n:]
-        dF = kernel_head(cfg.kernel, x[:, :n], x[:, n:], U - E, divide_by_n=cfg.divide_by_n, scores=h)
-        return (F + self.alpha[self._block_index(K - 1)] * dF) @ self.W_e
+        if cfg.erasure != "identity":
+            # GD with a computed erasure head: every block on all tokens, the readout at the queries
+            weights = self._gd_weights(z, n)
+            for k in range(K):
+                z = self._gd_block(z, n, k, weights)
+            return z[:, n:, -cfg.d_embed :] @ self.W_e
+        return self._gd_identity_erasure(z, n)
+
+    def _gd_identity_erasure(self, z: Tensor, n: int) -> Tensor:
+        """GD with the exact erasure δ_ij: the same numbers as K :meth:`_gd_block` passes, with less work.
+
+        Queries are never keys, so the context tokens evolve on their own; a query needs only its F slot
+        (U = 0 there and its E slot is never read), and the last block needs only the queries. Head 1's
+        weights are split into context→context (B, n, n), needed for K ≥ 2, and context→query (B, m, n),
+        so no (B, n+m, n) tensor is sliced or its gradient scattered.
+        """
+        cfg = self.config
+        d, dp, K = cfg.d, cfg.d_embed, cfg.n_blocks
+        x = self.scale * z[..., :d]
+        U, E, F_ctx = z[:, :n, d : d + dp], z[:, :n, d + dp : d + 2 * dp], z[:, :n, -dp:]
+        F_q = z[:, n:, -dp:]
+        w_q = head_weights(cfg.kernel, x[:, :n], x[:, n:])  # (B, m, n)
+        w_c = head_weights(cfg.kernel, x[:, :n], x[:, :n]) if K > 1 else None  # (B, n, n)
+        scale = 1.0 / n if cfg.divide_by_n and cfg.kernel != "softmax" else 1.0
+        W = self.W_e.T  # (C, d')
+        for k in range(K):
+            V = (U - E) * scale if scale != 1.0 else U - E  # (B, n, d') the values of head 1
+            alpha = self.alpha[self._block_index(k)]
+            F_q = F_q + alpha * weigh(w_q, V)
+            if k < K - 1:
+                F_ctx = F_ctx + alpha * weigh(w_c, V)
+                E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
+        return F_q @ self.W_e
 
     def algorithm(self) -> object:
         """The :class:`~iclab.algorithms.CategoricalFunctionalGD` this GD-mode model computes (detached)."""
