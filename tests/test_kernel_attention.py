@@ -336,3 +336,16 @@ def test_bad_inputs_are_named() -> None:
     cls = iclab.Episode(x=ep.x, x_query=ep.x_query, labels=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="regression episode"):
         model.predict(cls)
+
+
+@pytest.mark.parametrize("value", ["sparse", "label", "full"])
+def test_query_only_last_layer_equals_the_full_pass(value: str) -> None:
+    """``forward`` updates only the query row in the last layer; ``trace`` runs every layer on every token:
+    the same read-out to 1e-10 for every activation mix and value parameterisation (float64)."""
+    ep = _episode(4, 9, 3, seed=5)
+    for acts in (("softmax",), ("relu", "exp"), ("linear", "softmax", "relu")):
+        cfg = KernelTransformerConfig(d=3, n_layers=3, activations=acts, value=value, qk="full")
+        model = KernelTransformer(cfg, generator=iclab.generator(7)).double()
+        y_trace, states = model.trace(ep)
+        _same(model.predict(ep), y_trace)
+        _same(y_trace, -states[-1][:, -1, -1])

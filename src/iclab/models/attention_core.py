@@ -17,11 +17,13 @@ other scores come from :func:`iclab.core.kernels.gram`, softmax normalised over 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from iclab.core.errors import require, require_shape
+from iclab.core.episode import Episode
+from iclab.core.errors import ShapeError, require, require_shape
 from iclab.core.kernels import INNER_PRODUCT_KERNELS, gram
 
 
@@ -90,3 +92,94 @@ def attention_update(
         start = stop
     assert out is not None
     return out if scale == 1.0 else out * scale
+
+
+def embed(episode: Episode, query_label: Tensor | None = None) -> Tensor:
+    """The prompt Z_0ᵀ (Ahn et al. eq. 1): rows [x_i, y_i] for the context, then [x_q, 0]. (B, n+1, d+1).
+
+    ``query_label`` fills the query's label slot instead of 0 (Lemma 5's Z̄_0).
+    """
+    if episode.y is None:
+        raise ValueError("embed needs a regression episode (float labels y); got a classification episode")
+    B = episode.batch_size
+    yq = torch.zeros(B, dtype=episode.dtype, device=episode.device) if query_label is None else query_label
+    ctx = torch.cat([episode.x, episode.y.unsqueeze(-1)], dim=-1)  # (B, n, d+1)
+    qry = torch.cat([episode.x_query, yq.unsqueeze(-1)], dim=-1).unsqueeze(1)  # (B, 1, d+1)
+    return torch.cat([ctx, qry], dim=1)
+
+
+class AttentionStack(nn.Module):
+    """L residual attention layers on the prompt of eq. (1), read out at the query's label slot.
+
+    The shared skeleton of :class:`~iclab.models.LinearTransformer` (Ahn et al. eq. 4) and
+    :class:`~iclab.models.KernelTransformer` (Cheng, Chen, Sra eq. 4-5): input checks, :meth:`trace`,
+    :meth:`forward` (the last layer updates the query row only: nothing else is read), the read-out
+    ŷ = ∓[Z_L]_{d+1, n+1}, per-layer matrices stacked over layers, and :meth:`_load_stacked`. A subclass
+    sets ``config`` (with ``d``, ``n_layers``, ``n_heads``) and ``layers``, whose ``forward(z, n, *,
+    query_only)`` is one residual layer; ``readout`` in the config is ``'negative'`` (the papers' −, the
+    default) or ``'positive'`` (Zhang et al.).
+    """
+
+    config: Any
+    layers: nn.ModuleList
+
+    def _check(self, episode: Episode) -> None:
+        name, d = type(self).__name__, self.config.d
+        if episode.y is None:
+            raise ValueError(f"{name} needs a regression episode (float labels y); got a classification episode")
+        if episode.d != d:
+            raise ShapeError(f"{name} was built for d={d}; got an episode with d={episode.d}")
+        dtype = next(self.parameters()).dtype
+        if episode.dtype != dtype:
+            raise ShapeError(
+                f"{name} has {dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={dtype}))"
+            )
+
+    def _read(self, z: Tensor) -> Tensor:
+        """(B,) +ŷ: Ahn et al. and Cheng et al. read out −[Z_L]_{d+1,n+1}, Zhang et al. +[Z_L]_{d+1,n+1}."""
+        return z[:, -1, -1] if getattr(self.config, "readout", "negative") == "positive" else -z[:, -1, -1]
+
+    def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ), every layer on every token."""
+        self._check(episode)
+        z = embed(episode, query_label)
+        states = [z]
+        for layer in self.layers:
+            z = layer(z, episode.n)
+            states.append(z)
+        return self._read(z), torch.stack(states)
+
+    def forward(self, episode: Episode) -> Tensor:
+        self._check(episode)
+        z = embed(episode)
+        for i, layer in enumerate(self.layers):
+            z = layer(z, episode.n, query_only=i == len(self.layers) - 1)  # (B, 1, D) after the last
+        return self._read(z)
+
+    def predict(self, episode: Episode) -> Tensor:
+        """+ŷ for the query of every prompt, (B,)."""
+        return self(episode)
+
+    def _stack(self, name: str) -> Tensor:
+        """A per-layer matrix stacked over layers, (L, ...)."""
+        return torch.stack([getattr(layer, name) for layer in self.layers])
+
+    @torch.no_grad()
+    def _load_stacked(self, names: Sequence[str], blocks: dict[str, Tensor], what: str) -> None:
+        """Copy (L, H, ...) tensors, or (L, ...) for every head alike, into each layer's ``<name>_free``.
+
+        ``names``: exactly the blocks that must be given (``what`` says for which settings).
+        """
+        owner = f"{type(self).__name__}.load_matrices"
+        require(owner, "blocks", set(blocks) == set(names), f"exactly {tuple(names)} for {what}", sorted(blocks))
+        L, H = self.config.n_layers, self.config.n_heads
+        for name, value in blocks.items():
+            value = torch.as_tensor(value)
+            target_shape = (L, *getattr(self.layers[0], f"{name}_free").shape)  # (L, H, ...)
+            if value.dim() == len(target_shape) - 1:  # no head axis: every head alike
+                value = value.unsqueeze(1).expand(-1, H, *value.shape[1:])
+            require(owner, name, tuple(value.shape) == target_shape,
+                    f"shape (L, H, ...) = {target_shape} or (L, ...) = {(L, *target_shape[2:])}",
+                    tuple(value.shape))  # fmt: skip
+            for layer, v in zip(self.layers, value, strict=True):
+                getattr(layer, f"{name}_free").copy_(v)

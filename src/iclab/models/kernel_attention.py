@@ -40,9 +40,8 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
-from iclab.models.attention_core import attention_update
-from iclab.models.linear_attention import embed
+from iclab.core.errors import require
+from iclab.models.attention_core import AttentionStack, attention_update
 
 Activation = Literal["linear", "relu", "exp", "softmax"]
 ACTIVATIONS = ("linear", "relu", "exp", "softmax")
@@ -200,9 +199,15 @@ class KernelAttention(nn.Module):
         return nn.functional.pad(self.C_free, (0, 1, 0, 1))
 
     # --- forward ---------------------------------------------------------------------------
-    def forward(self, z: Tensor, n: int) -> Tensor:
-        """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources; all T are targets."""
+    def forward(self, z: Tensor, n: int, *, query_only: bool = False) -> Tensor:
+        """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources; all T are targets.
+
+        ``query_only``: update only the last token (the query) and return it, (B, 1, D): a model's last
+        layer needs nothing else, and for non-linear scores this is T times less work.
+        """
         ctx = z[:, :n]  # (B, n, D): M drops the query as a source
+        if query_only:
+            z = z[:, -1:]
         # Head s: key [B_s, 0] z_i (or Q_s z_i), query [C_s, 0] z_j (or K_s z_j), value V_s z_i; the
         # label-only value is r_s e_Dᵀ z_i = r_s y_i, a (1, D) map.
         if self.value == "label":
@@ -225,7 +230,7 @@ class KernelAttention(nn.Module):
         return z + out
 
 
-class KernelTransformer(nn.Module):
+class KernelTransformer(AttentionStack):
     """L residual kernel-attention layers with the read-out ŷ = −[Z_L]_{d+1, n+1} (eq. 4-5).
 
     ``predict`` returns +ŷ; ``trace`` also returns Z_0ᵀ … Z_Lᵀ and takes the Lemma-A.1 mode
@@ -253,45 +258,12 @@ class KernelTransformer(nn.Module):
             for _ in range(config.n_layers)
         )
 
-    def _check(self, episode: Episode) -> None:
-        if episode.y is None:
-            raise ValueError(
-                "KernelTransformer needs a regression episode (float labels y); got a classification episode"
-            )
-        if episode.d != self.config.d:
-            raise ShapeError(f"KernelTransformer was built for d={self.config.d}; got an episode with d={episode.d}")
-        dtype = self.layers[0]._ref().dtype
-        if episode.dtype != dtype:
-            raise ShapeError(
-                f"KernelTransformer has {dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={dtype}))"
-            )
-
     def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ). ``states[ℓ][:, :, -1]`` is the label row:
         the residuals y_i − f_ℓ(x_i) at the demonstrations and −f_ℓ(x_q) at the query (eq. 22)."""
-        self._check(episode)
-        z = embed(episode, query_label)
-        states = [z]
-        for layer in self.layers:
-            z = layer(z, episode.n)
-            states.append(z)
-        return -z[:, -1, -1], torch.stack(states)
-
-    def forward(self, episode: Episode) -> Tensor:
-        self._check(episode)
-        z = embed(episode)
-        for layer in self.layers:
-            z = layer(z, episode.n)
-        return -z[:, -1, -1]  # (B,) the paper reads out −[Z_L]_{d+1,n+1}
-
-    def predict(self, episode: Episode) -> Tensor:
-        """+ŷ for the query of every prompt, (B,)."""
-        return self(episode)
+        return super().trace(episode, query_label)
 
     # --- the matrices theory talks about, stacked over layers (L, H, ·, ·) ---------------------
-    def _stack(self, name: str) -> Tensor:
-        return torch.stack([getattr(layer, name) for layer in self.layers])
-
     @property
     def A(self) -> Tensor:
         """(L, H, d, d)."""
@@ -343,26 +315,5 @@ class KernelTransformer(nn.Module):
         cfg = self.config
         names = {"full": ("V",), "sparse": ("A", "r"), "label": ("r",)}[cfg.value]
         names += ("B", "C") if cfg.qk == "blocks" else ("Q", "K")
-        require(
-            "KernelTransformer.load_matrices",
-            "blocks",
-            set(blocks) == set(names),
-            f"exactly {names} for value={cfg.value!r}, qk={cfg.qk!r}",
-            sorted(blocks),
-        )
-        for name, value in blocks.items():
-            value = torch.as_tensor(value)
-            per_head = 2 if name == "r" else 4
-            if value.dim() == per_head - 1:
-                value = value.unsqueeze(1).expand(-1, cfg.n_heads, *value.shape[1:])
-            target_shape = (cfg.n_layers, *getattr(self.layers[0], f"{name}_free").shape)
-            require(
-                "KernelTransformer.load_matrices",
-                name,
-                tuple(value.shape) == target_shape,
-                f"shape (L, H, ...) = {target_shape} or (L, ...) = {(target_shape[0], *target_shape[2:])}",
-                tuple(value.shape),
-            )
-            for layer, v in zip(self.layers, value, strict=True):
-                getattr(layer, f"{name}_free").copy_(v)
+        self._load_stacked(names, blocks, f"value={cfg.value!r}, qk={cfg.qk!r}")
         return self

@@ -43,8 +43,9 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
-from iclab.models.attention_core import attention_update
+from iclab.core.errors import require
+from iclab.models.attention_core import AttentionStack, attention_update
+from iclab.models.attention_core import embed as embed  # re-exported: the prompt of eq. (1)
 
 Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
 PATTERNS = ("full", "sparse", "sparse_symmetric", "pattern11")
@@ -245,21 +246,7 @@ class LinearAttention(nn.Module):
         return z + upd if self.residual else upd
 
 
-def embed(episode: Episode, query_label: Tensor | None = None) -> Tensor:
-    """The prompt Z_0ᵀ (eq. 1): rows [x_i, y_i] for the context, then [x_q, 0]. (B, n+1, d+1).
-
-    ``query_label`` fills the query's label slot instead of 0 (Lemma 5's Z̄_0).
-    """
-    if episode.y is None:
-        raise ValueError("embed needs a regression episode (float labels y); got a classification episode")
-    B = episode.batch_size
-    yq = torch.zeros(B, dtype=episode.dtype, device=episode.device) if query_label is None else query_label
-    ctx = torch.cat([episode.x, episode.y.unsqueeze(-1)], dim=-1)  # (B, n, d+1)
-    qry = torch.cat([episode.x_query, yq.unsqueeze(-1)], dim=-1).unsqueeze(1)  # (B, 1, d+1)
-    return torch.cat([ctx, qry], dim=1)
-
-
-class LinearTransformer(nn.Module):
+class LinearTransformer(AttentionStack):
     """L residual linear-attention layers with the paper's read-out ŷ = −[Z_L]_{d+1, n+1} (eq. 4).
 
     ``predict`` returns +ŷ. ``trace`` also returns every intermediate prompt.
@@ -287,70 +274,36 @@ class LinearTransformer(nn.Module):
             for _ in range(config.n_layers)
         )
 
-    def _check(self, episode: Episode) -> None:
-        if episode.y is None:
-            raise ValueError(
-                "LinearTransformer needs a regression episode (float labels y); got a classification episode"
-            )
-        if episode.d != self.config.d:
-            raise ShapeError(f"LinearTransformer was built for d={self.config.d}; got an episode with d={episode.d}")
-        dtype = self.layers[0].A_free.dtype if self.config.pattern != "full" else self.layers[0].P_free.dtype
-        if episode.dtype != dtype:
-            raise ShapeError(
-                f"LinearTransformer has {dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={dtype}))"
-            )
-
-    def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ)."""
-        self._check(episode)
-        z = embed(episode, query_label)
-        states = [z]
-        for layer in self.layers:
-            z = layer(z, episode.n)
-            states.append(z)
-        return self._read(z), torch.stack(states)
-
     def forward(self, episode: Episode) -> Tensor:
-        self._check(episode)
-        if all(layer.label_only for layer in self.layers):  # eq. (8): carry the label column only
-            x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
-            y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1), query label 0
-            for layer in self.layers:
-                y = layer.label_update(x, y, episode.n)
-            return y[:, -1] if self.config.readout == "positive" else -y[:, -1]
-        z = embed(episode)
-        for i, layer in enumerate(self.layers):
-            z = layer(z, episode.n, query_only=i == len(self.layers) - 1)  # (B, 1, D) after the last
-        return self._read(z)
-
-    def _read(self, z: Tensor) -> Tensor:
-        """(B,) +ŷ: Ahn et al. read out −[Z_L]_{d+1,n+1}, Zhang et al. +[Z_L]_{d+1,n+1}."""
-        return z[:, -1, -1] if self.config.readout == "positive" else -z[:, -1, -1]
-
-    def predict(self, episode: Episode) -> Tensor:
-        """+ŷ for the query of every prompt, (B,)."""
-        return self(episode)
+        if not all(layer.label_only for layer in self.layers):
+            return super().forward(episode)
+        self._check(episode)  # eq. (8): carry the label column only
+        x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
+        y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1), query label 0
+        for layer in self.layers:
+            y = layer.label_update(x, y, episode.n)
+        return self._read(y.unsqueeze(-1))
 
     # --- the matrices theory talks about, stacked over layers ---------------------------
     @property
     def P(self) -> Tensor:
         """(L, H, D, D)."""
-        return torch.stack([layer.P for layer in self.layers])
+        return self._stack("P")
 
     @property
     def Q(self) -> Tensor:
         """(L, H, D, D)."""
-        return torch.stack([layer.Q for layer in self.layers])
+        return self._stack("Q")
 
     @property
     def A(self) -> Tensor:
         """(L, H, d, d): the A_ℓ of eq. (8) or (11)."""
-        return torch.stack([layer.A for layer in self.layers])
+        return self._stack("A")
 
     @property
     def B(self) -> Tensor:
         """(L, H, d, d): the B_ℓ of eq. (11)."""
-        return torch.stack([layer.B for layer in self.layers])
+        return self._stack("B")
 
     @torch.no_grad()
     def load_matrices(self, **blocks: Tensor) -> LinearTransformer:
@@ -359,25 +312,5 @@ class LinearTransformer(nn.Module):
         names = {"full": ("P", "Q"), "pattern11": ("A", "B")}.get(self.config.pattern, ("A",))
         if self.config.key_query == "separate":
             names = ("P", "W_K", "W_Q")
-        require(
-            "LinearTransformer.load_matrices",
-            "blocks",
-            set(blocks) == set(names),
-            f"exactly {names} for pattern {self.config.pattern!r}",
-            sorted(blocks),
-        )
-        for name, value in blocks.items():
-            value = torch.as_tensor(value)
-            if value.dim() == 3:
-                value = value.unsqueeze(1).expand(-1, self.config.n_heads, -1, -1)
-            for layer, v in zip(self.layers, value, strict=True):
-                target = getattr(layer, f"{name}_free")
-                require(
-                    "LinearTransformer.load_matrices",
-                    name,
-                    v.shape == target.shape,
-                    f"shape (L, H, ...) = ({self.config.n_layers}, {tuple(target.shape)})",
-                    tuple(value.shape),
-                )
-                target.copy_(v)
+        self._load_stacked(names, blocks, f"pattern {self.config.pattern!r}, key_query {self.config.key_query!r}")
         return self
