@@ -1,0 +1,166 @@
+"""experiments.wang2025: the gd_init experiment (spec claim 20; §5, App. I eq. 57) and Fig. 2 with RBF attention.
+
+The metric functions are checked on inputs whose answer is known: the exact GD form (rel. deviation 0, no leakage,
+no drift), hand-built x-blocks, and the identity part of the Q/K gradient against the GD model's derivative in its
+kernel scale a (W_Q = W_K = aI, so dL/da = tr ∇_{W_Q} + tr ∇_{W_K}), float64 to 1e-10.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import iclab
+from conftest import F64, assert_close
+from iclab.core.errors import ConfigError
+from iclab.core.numerics import dist_to_identity
+from iclab.experiments import run_experiment
+from iclab.experiments.wang2025 import (
+    GdInitConfig,
+    ce_loss,
+    gd_init_model,
+    qk_form_metrics,
+    qk_gradient_metrics,
+)
+from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
+from iclab.tasks.categorical import RBFMixtureCategorical
+
+
+def _gd(kernel: str, n_blocks: int, d: int = 4) -> CategoricalTransformer:
+    """A float64 GD-mode model with non-trivial α_k, kernel scale and W_e (last column 0), as the experiment builds."""
+    cfg = CategoricalTransformerConfig(d=d, d_embed=3, num_classes=6, n_blocks=n_blocks, kernel=kernel)  # type: ignore[arg-type]
+    gd = CategoricalTransformer(cfg, generator=iclab.generator(1)).double()
+    with torch.no_grad():
+        gd.alpha.copy_(2.0 + 2 * torch.rand(gd.alpha.shape, generator=iclab.generator(2), dtype=F64))
+        gd.scale.fill_(1.3)
+    return gd
+
+
+def _episodes(d: int = 4, batch: int = 16, n: int = 30, seed: int = 0) -> iclab.Episode:
+    task = RBFMixtureCategorical.draw(generator=iclab.generator(10), d=d, num_classes=6, d_embed=3)
+    return task.sample(batch, n, generator=iclab.generator(seed), dtype=F64)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "rbf", "linear"])
+@pytest.mark.parametrize("n_blocks", [1, 2])
+def test_gd_init_model_is_the_gd_model(kernel: str, n_blocks: int) -> None:
+    """The free skeleton loaded by gd_init_model predicts what the GD model predicts (float64, 1e-10): with one block
+    head 2 is the Trained TF's ordinary kernel head (it never reaches the readout), with two the exact RBF erasure."""
+    gd = _gd(kernel, n_blocks)
+    tf = gd_init_model(gd)
+    assert tf.config.mode == "free" and tf.config.erasure == ("kernel" if n_blocks == 1 else "rbf")
+    ep = _episodes()
+    assert_close(tf.predict(ep), gd.predict(ep), rtol=1e-10, atol=1e-10)
+    assert gd.predict(ep).std() > 0.05
+    with pytest.raises(ConfigError, match="gd_init_model.gd must be a mode='gd'"):
+        gd_init_model(tf)
+
+
+def test_form_metrics_are_zero_at_the_gd_form_and_match_hand_values() -> None:
+    """rel. deviation, leakage and drift are 0 on the exact GD form; on hand-set x-blocks they are what
+    dist_to_identity and the norm ratios give."""
+    tf = gd_init_model(_gd("softmax", 2))
+    ref = gd_init_model(_gd("softmax", 2))
+    m = qk_form_metrics(tf, ref)
+    for key in ("qk_rel_dev", "qk_leak", "qk_drift", "value_drift"):
+        assert m[key].shape == (2,)
+        assert float(m[key].abs().max()) == 0.0, key
+    s = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=F64)
+    with torch.no_grad():
+        blk = tf.blocks[1]
+        blk.W_Q[0, :4, :4] = torch.diag(s)  # A = diag(s) (rows 0-3), B = 1.3 I: AᵀB = 1.3 diag(s)
+        blk.W_K[0, 4, 0] = 0.5  # leakage: an x column entry outside the x rows counts in B, not as leakage
+        blk.W_Q[0, 0, 5] = 0.3  # a non-x column of W_Q: leakage
+    m = qk_form_metrics(tf, ref)
+    B = torch.zeros(tf.config.D, 4, dtype=F64)
+    B[:4] = 1.3 * torch.eye(4, dtype=F64)
+    B[4, 0] = 0.5
+    A = torch.zeros(tf.config.D, 4, dtype=F64)
+    A[:4] = torch.diag(s)
+    assert_close(m["qk_rel_dev"][1], dist_to_identity(A.T @ B), rtol=1e-12, atol=1e-15)
+    assert float(m["qk_rel_dev"][0]) == 0.0
+    leak = 0.3 / torch.cat([A, B]).norm()
+    assert_close(m["qk_leak"][1], leak, rtol=1e-12, atol=1e-15)
+    drift = (A.T @ B - 1.69 * torch.eye(4, dtype=F64)).norm() / (1.69 * 2)  # ‖1.69 I_4‖_F = 1.69·2
+    assert_close(m["qk_drift"][1], drift, rtol=1e-12, atol=1e-15)
+
+
+@pytest.mark.parametrize("kernel", ["softmax", "rbf"])
+def test_gradient_identity_part_is_the_scale_derivative(kernel: str) -> None:
+    """At the GD form W_Q = W_K = aI: d·(t_Q + t_K) = dL/da of the GD model on the same contexts (t = tr/d of the mean
+    gradient, float64, 1e-10); Ḡ's rel. deviation is dist_to_identity(Ḡ) = ‖off‖/‖Ḡ‖; group splits do not matter."""
+    gd = _gd(kernel, 1)
+    tf = gd_init_model(gd)
+    ep = _episodes(batch=24)
+    g4 = qk_gradient_metrics(tf, ep, groups=4, chunk=5)
+    g2 = qk_gradient_metrics(tf, ep, groups=2)
+    loss = ce_loss(gd, ep)
+    (da,) = torch.autograd.grad(loss, [gd.scale])
+    assert_close(4 * g4["id"].sum(), da, rtol=1e-10, atol=1e-12)  # d = 4; Q and K parts
+    assert_close(g4["grad"], g2["grad"], rtol=1e-10, atol=1e-13)
+    assert_close(g4["rel_dev"], g4["off"] / g4["norm"], rtol=1e-12, atol=0)
+    assert g4["rel_dev"].shape == (1, 2) and bool((g4["off_se"] > 0).all())
+
+
+def test_gradient_noise_statistics_on_identical_groups() -> None:
+    """Groups holding the same contexts have zero standard errors; the mean is then the per-group gradient."""
+    tf = gd_init_model(_gd("softmax", 1))
+    ep = _episodes(batch=6)
+    twice = ep[torch.cat([torch.arange(6), torch.arange(6)])]
+    g = qk_gradient_metrics(tf, twice, groups=2)
+    one = qk_gradient_metrics(tf, ep, groups=3)
+    assert float(g["off_se"].max()) < 1e-14 and float(g["id_se"].max()) < 1e-14
+    assert_close(g["grad"], one["grad"], rtol=1e-10, atol=1e-13)
+    with pytest.raises(ConfigError, match="qk_gradient_metrics.groups must be an int >= 2 dividing the batch"):
+        qk_gradient_metrics(tf, ep, groups=4)
+
+
+def test_gd_init_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="GdInitConfig.grad_contexts must be a multiple of grad_groups"):
+        GdInitConfig(grad_contexts=100, grad_groups=8)
+    with pytest.raises(ConfigError, match="GdInitConfig.gd_embed_init must be 'generator' or 'random'"):
+        GdInitConfig(gd_embed_init="zeros")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="GdInitConfig.contrast_lrs"):
+        GdInitConfig(contrast_lrs=(0.0,))
+    assert dataclasses.replace(GdInitConfig(), seeds=1).lr_tf == 1e-5  # the paper's gd_init lr
+
+
+GD_INIT_CLAIMS = {
+    "tf_init_is_the_gd_model",
+    "qk_gradient_on_gd_form_is_scaled_identity",
+    "learned_qk_stays_scaled_identity",
+    "qk_leakage_stays_small",
+    "loss_does_not_rise_above_gd",
+}
+SWEEP_CLAIMS = {
+    "tf_matches_gd_acc_at_largest_L",
+    "tf_matches_gd_nll_at_largest_L",
+    "gd_below_bayes_rate",
+    "gd_is_data_efficient",
+    "tf_improves_with_L",
+    "tf_nll_decreases_with_L",
+    "gd_beats_tf_at_smallest_L",
+}
+
+
+@pytest.mark.slow
+def test_gd_init_smoke(tmp_path) -> None:
+    """The smoke preset runs, starts the TF exactly at the GD model and reports every claim."""
+    res = run_experiment("wang2025.gd_init", "smoke", out=tmp_path)
+    assert {c.name for c in res.claims} == GD_INIT_CLAIMS
+    assert all(c.passed for c in res.claims)
+    assert [f.name for f in res.figures] == ["gd_init.png"]
+    run = res.results["seeds"][0]["tf"][1e-5]
+    assert float(run["qk_rel_dev"][0].max()) == 0.0 and float(run["qk_rel_dev"][-1].max()) > 0.0  # it moved
+    assert abs(float(run["test_nll"][0]) - res.results["seeds"][0]["gd_nll"]) < 1e-5
+
+
+@pytest.mark.slow
+def test_fig2_rbf_smoke(tmp_path) -> None:
+    """Fig. 2 with RBF attention: the smoke preset trains rbf models and reports the sweep's claims."""
+    res = run_experiment("wang2025.fig2_rbf", "smoke", out=tmp_path)
+    assert res.config.kernel == "rbf" and res.config.n_blocks == 1
+    assert {c.name for c in res.claims} == SWEEP_CLAIMS
+    assert [f.name for f in res.figures] == ["fig2_rbf.png"]
