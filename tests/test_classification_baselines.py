@@ -7,6 +7,8 @@ instead of the regression battery of tests/test_learner_contract.py.
 from __future__ import annotations
 
 import math
+import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,9 +18,11 @@ from hypothesis import strategies as st
 import iclab
 from iclab.algorithms.classification import (
     BayesClassifier,
+    BudgetProbe,
     LabelFrequency,
     LinearProbe,
     NearestClassMean,
+    ProbeConvergenceWarning,
     accuracy,
     nll,
     probability_mse,
@@ -32,8 +36,10 @@ C = 6
 SMALL = RBFMixtureCategorical(W_e=torch.randn(3, C, generator=iclab.generator(0), dtype=F64), d=3, n_anchors=3)
 
 LEARNERS = {
-    "probe": lambda: LinearProbe(C, steps=300),
-    "probe-nobias": lambda: LinearProbe(C, bias=False, steps=300),
+    "probe": lambda: LinearProbe(C),
+    "probe-nobias": lambda: LinearProbe(C, bias=False),
+    "probe-dual": lambda: LinearProbe(C, solver="dual"),
+    "budget-probe": lambda: BudgetProbe(C, steps=40, lr=0.05),
     "bayes": lambda: BayesClassifier(),
     "ncm": lambda: NearestClassMean(C),
     "freq": lambda: LabelFrequency(C),
@@ -61,15 +67,11 @@ def check_batch_independent(learner) -> None:
 def check_context_order_invariant(learner) -> None:
     ep = _episode()
     perm = torch.randperm(ep.n, generator=iclab.generator(2))
-    from dataclasses import replace
-
     shuffled = replace(ep, x=ep.x[:, perm], labels=ep.labels[:, perm])
     torch.testing.assert_close(learner.predict(shuffled), learner.predict(ep), rtol=1e-7, atol=1e-7)
 
 
 def check_rejects_bad_labels(learner) -> None:
-    from dataclasses import replace
-
     ep = _episode()
     bad = replace(ep, labels=ep.labels.clone().fill_(C))
     with pytest.raises(ConfigError, match=rf"labels must be in \[0, {C}\); got 'values in \[{C}, {C}\]'"):
@@ -100,19 +102,130 @@ def test_known_limits_name_real_learners_and_checks() -> None:
         assert learner in LEARNERS and check in names
 
 
+def _probe_episode(batch: int, n: int, d: int, seed: int) -> iclab.Episode:
+    """Gaussian inputs with a linear class signal: well-posed small problems for the solver tests."""
+    g = iclab.generator(seed)
+    x = torch.randn(batch, n, d, generator=g, dtype=F64)
+    w = torch.randn(batch, d, C, generator=g, dtype=F64)
+    logits = x @ w + 0.5 * torch.randn(batch, n, C, generator=g, dtype=F64)
+    return iclab.Episode(x=x, labels=logits.argmax(-1), x_query=torch.randn(batch, d, generator=g, dtype=F64))
+
+
+def _scipy_optimum(probe: LinearProbe, ep: iclab.Episode, b: int) -> torch.Tensor:
+    """θ* of episode b by scipy's trust-region Newton (exact Hessian) on the same objective, float64."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    x = probe._design(ep.x[b]).numpy()  # (n, d~)
+    n, dt = x.shape
+    y = np.eye(C)[ep.labels[b].numpy()]  # (n, C)
+
+    def f(v):
+        z = x @ v.reshape(dt, C)
+        zmax = z.max(1, keepdims=True)
+        lse = zmax[:, 0] + np.log(np.exp(z - zmax).sum(1))
+        return (lse - (z * y).sum(1)).mean() + 0.5 * probe.l2 * v @ v
+
+    def grad(v):
+        z = x @ v.reshape(dt, C)
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        return (x.T @ (p - y) / n).ravel() + probe.l2 * v
+
+    def hess(v):
+        z = x @ v.reshape(dt, C)
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        w = np.einsum("ic,cd->icd", p, np.eye(C)) - p[:, :, None] * p[:, None, :]  # (n, C, C)
+        h = np.einsum("ia,ib,icd->acbd", x, x, w).reshape(dt * C, dt * C) / n
+        return h + probe.l2 * np.eye(dt * C)
+
+    v = minimize(f, np.zeros(dt * C), jac=grad, hess=hess, method="trust-exact", options={"gtol": 1e-10}).x
+    for _ in range(3):  # polish: full Newton steps converge quadratically from there
+        v = v - np.linalg.solve(hess(v), grad(v))
+    assert np.linalg.norm(grad(v)) < 1e-13
+    return torch.as_tensor(v.reshape(dt, C))
+
+
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("n", [4, 40])  # n < d+1 runs the dual iteration, n > d+1 the primal one
-def test_probe_reaches_the_regularised_optimum(bias: bool, n: int) -> None:
-    """At the fit, the autograd gradient of ℓ(θ) is ~0 and no perturbation lowers ℓ (strict convexity)."""
-    ep = _episode(4, n)
-    probe = LinearProbe(C, l2=0.05, bias=bias, steps=3000, tol=1e-11)
+@pytest.mark.parametrize(("n", "d", "solver"), [(5, 8, "dual"), (40, 3, "primal"), (5, 8, "primal"), (40, 3, "dual")])
+def test_probe_equals_the_scipy_optimum(bias: bool, n: int, d: int, solver: str) -> None:
+    """Both solver paths, F > n and F < n: θ equals scipy's trust-exact optimum of the same ℓ (polished by
+    exact Newton steps to ‖∇ℓ‖ < 1e-13) to 1e-9: ℓ is l2-strongly convex, so ‖θ − θ*‖ <= ‖∇ℓ(θ)‖/l2."""
+    ep = _probe_episode(3, n, d, seed=n + d)
+    probe = LinearProbe(C, l2=0.05, bias=bias, tol=1e-11, solver=solver)
     theta, gnorm = probe.fit(ep)
-    assert float(gnorm.max()) <= 1e-10
+    assert float(gnorm.max()) <= 1e-11
+    for b in range(3):
+        torch.testing.assert_close(theta[b], _scipy_optimum(probe, ep, b), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("n", [4, 40])  # n < d+1 runs the dual path by default, n > d+1 the primal one
+def test_probe_reaches_the_regularised_optimum(bias: bool, n: int) -> None:
+    """At the fit, the autograd gradient of ℓ(θ) is < 1e-10 and no perturbation lowers ℓ (strict convexity)."""
+    ep = _episode(4, n)
+    probe = LinearProbe(C, l2=0.05, bias=bias, tol=1e-11)
+    theta, gnorm = probe.fit(ep)
+    assert float(gnorm.max()) <= 1e-11
     th = theta.clone().requires_grad_(True)
     probe.loss(th, ep).sum().backward()
     assert float(th.grad.abs().max()) < 1e-10
     bumped = theta + 1e-3 * torch.randn(theta.shape, generator=iclab.generator(3), dtype=F64)
     assert bool((probe.loss(bumped, ep) > probe.loss(theta, ep)).all())
+
+
+@pytest.mark.parametrize(("n", "d"), [(6, 20), (50, 4), (9, 9)])
+def test_probe_primal_and_dual_paths_agree(n: int, d: int) -> None:
+    """The dual (Gram eigenbasis) and primal (covariance eigenbasis) paths give the same θ, also with
+    duplicated context points (a rank-deficient Gram matrix: the dual drops null directions). Bound:
+    ‖θ_p − θ_d‖ <= (‖∇ℓ(θ_p)‖ + ‖∇ℓ(θ_d)‖)/l2 <= 2e-12/1e-2 = 2e-10."""
+    ep = _probe_episode(5, n, d, seed=d)
+    dup = replace(ep, x=torch.cat([ep.x, ep.x[:, :2]], 1), labels=torch.cat([ep.labels, ep.labels[:, :2]], 1))
+    for e in (ep, dup):
+        th_p, g_p = LinearProbe(C, tol=1e-12, solver="primal").fit(e)
+        th_d, g_d = LinearProbe(C, tol=1e-12, solver="dual").fit(e)
+        assert float(torch.maximum(g_p, g_d).max()) <= 1e-12
+        torch.testing.assert_close(th_d, th_p, rtol=0, atol=2e-10)
+
+
+@pytest.mark.parametrize("solver", ["primal", "dual"])
+def test_probe_batched_equals_per_episode(solver: str) -> None:
+    """Episodes stop on their own gradient norm: fitting 6 at once equals fitting each alone (1e-12)."""
+    ep = _probe_episode(6, 12, 7, seed=4)
+    probe = LinearProbe(C, tol=1e-10, solver=solver)
+    theta, gnorm = probe.fit(ep)
+    for b in range(6):
+        th_b, g_b = probe.fit(ep[torch.tensor([b])])
+        torch.testing.assert_close(th_b[0], theta[b], rtol=0, atol=1e-12)
+        torch.testing.assert_close(g_b[0], gnorm[b], rtol=0, atol=1e-12)
+
+
+def test_probe_reports_non_convergence() -> None:
+    """One Newton step cannot reach tol: a ProbeConvergenceWarning names the count, tol and max_iter, and the
+    returned gradient norms are the true ‖∇ℓ(θ)‖ (checked against autograd)."""
+    ep = _probe_episode(4, 30, 5, seed=2)
+    probe = LinearProbe(C, max_iter=1)
+    with pytest.warns(
+        ProbeConvergenceWarning, match=r"4 of 4 episodes ended with ‖∇ℓ‖ > tol = 1e-08 .*: 4 ran out of max_iter = 1 "
+    ):
+        theta, gnorm = probe.fit(ep)
+    th = theta.clone().requires_grad_(True)
+    probe.loss(th, ep).sum().backward()
+    torch.testing.assert_close(gnorm, th.grad.flatten(1).norm(dim=1), rtol=1e-10, atol=0)
+    assert bool((gnorm > 1e-8).all())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ProbeConvergenceWarning)  # the default budget converges: no warning
+        LinearProbe(C).fit(ep)
+
+
+def test_probe_float32_episodes_are_solved_in_float64() -> None:
+    """A float32 episode gives float32 outputs equal to the float64 fit rounded (solve in float64)."""
+    ep = _probe_episode(3, 10, 16, seed=5)
+    out32 = LinearProbe(C).predict(ep.to(dtype=torch.float32))
+    assert out32.dtype == torch.float32
+    ref = LinearProbe(C).predict(replace(ep, x=ep.x.float().double(), x_query=ep.x_query.float().double()))
+    torch.testing.assert_close(out32, ref.float(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow
@@ -122,7 +235,7 @@ def test_probe_matches_sklearn() -> None:
 
     ep = SMALL.sample(1, 300, generator=iclab.generator(5), dtype=F64)
     assert set(ep.labels[0].tolist()) == set(range(C))  # sklearn models only the classes it sees
-    probe = LinearProbe(C, l2=0.01, bias=False, steps=5000, tol=1e-12)
+    probe = LinearProbe(C, l2=0.01, bias=False, tol=1e-12)
     ours = probe.predict(ep).exp()[0]
     sk = LogisticRegression(C=1 / (300 * 0.01), fit_intercept=False, tol=1e-12, max_iter=10_000)
     sk.fit(ep.x[0].numpy(), ep.labels[0].numpy())
@@ -154,7 +267,7 @@ def _regret(n_small: int, n_large: int, contexts: int) -> tuple[dict[int, float]
     p = ep.task["p_query"]
     regret, expected = {}, {}
     for n in (n_small, n_large):
-        pred = LinearProbe(25, steps=300).predict(ep.with_context(n)).argmax(-1, keepdim=True)
+        pred = LinearProbe(25).predict(ep.with_context(n)).argmax(-1, keepdim=True)
         expected[n] = float(p.gather(1, pred).mean())
         regret[n] = float(p.amax(-1).mean()) - expected[n]
     return expected, regret
@@ -206,6 +319,10 @@ def test_bad_configuration_and_regression_episodes() -> None:
         LinearProbe(1)
     with pytest.raises(ConfigError, match=r"LinearProbe\.l2 must be a float > 0"):
         LinearProbe(3, l2=0.0)
+    with pytest.raises(ConfigError, match=r"LinearProbe\.max_iter must be an int >= 1; got 0"):
+        LinearProbe(3, max_iter=0)
+    with pytest.raises(ConfigError, match=r"LinearProbe\.solver must be one of 'auto', 'primal', 'dual'; got 'qr'"):
+        LinearProbe(3, solver="qr")
     with pytest.raises(ConfigError, match=r"NearestClassMean\.temperature must be a float > 0; got -1"):
         NearestClassMean(3, temperature=-1)
     reg = iclab.tasks.LinearRegression(d=3).sample(2, 5, generator=iclab.generator(0))
@@ -220,9 +337,38 @@ def test_learners_validate_label_range_property(num_classes: int, top: int) -> N
     x = torch.randn(2, 5, 3, generator=iclab.generator(top), dtype=F64)
     labels = torch.tensor([[0, 1, 0, 1, top]] * 2)
     ep = iclab.Episode(x=x, x_query=x[:, 0], labels=labels)
-    for learner in (LinearProbe(num_classes, steps=5), NearestClassMean(num_classes), LabelFrequency(num_classes)):
+    for learner in (LinearProbe(num_classes), NearestClassMean(num_classes), LabelFrequency(num_classes)):
         if top < num_classes:
             assert learner.predict(ep).shape == (2, num_classes)
         else:
             with pytest.raises(ConfigError, match=rf"\.labels must be in \[0, {num_classes}\)"):
                 learner.predict(ep)
+
+
+def test_budget_probe_is_the_authors_adamw_run() -> None:
+    """BudgetProbe = the authors' protocol: 0 steps give the (near-uniform) init; each episode's batched run equals
+    a hand-written AdamW loop on that episode alone (1e-12); more steps lower the context loss."""
+    ep = _episode(batch=4, n=20, seed=3)
+    init = BudgetProbe(C, steps=0).predict(ep)
+    assert float((init.exp() - 1 / C).abs().max()) < 0.05
+    probe = BudgetProbe(C, steps=30, lr=0.05, weight_decay=0.01)
+    theta = probe.fit(ep)
+    assert bool((theta[..., -1] == 0).all())
+    b = 2
+    d = ep.d
+    w = torch.randn(d, C - 1, generator=torch.Generator().manual_seed(0), dtype=F64) * (0.002 / d) ** 0.5
+    w.requires_grad_(True)
+    opt = torch.optim.AdamW([w], lr=0.05, betas=(0.9, 0.98), weight_decay=0.01)
+    for _ in range(30):
+        opt.zero_grad()
+        logits = torch.nn.functional.pad(ep.x[b] @ w, (0, 1))
+        torch.nn.functional.cross_entropy(logits, ep.labels[b]).backward()
+        opt.step()
+    torch.testing.assert_close(theta[b, :, :-1], w.detach(), rtol=0, atol=1e-12)
+
+    def context_loss(th: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy((ep.x @ th).transpose(1, 2), ep.labels)
+
+    assert float(context_loss(BudgetProbe(C, steps=200, lr=0.05).fit(ep))) < float(context_loss(theta))
+    with pytest.raises(ConfigError, match="steps"):
+        BudgetProbe(C, steps=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -190,3 +191,15 @@ def test_skip_nonfinite_skips_bad_batches_and_counts_them() -> None:
     assert all(torch.isfinite(p).all() for p in res.model.parameters())
     with pytest.raises(FloatingPointError, match="non-finite loss"):
         train(_model(), poisoned, _cfg(steps=20, resample_every=1, log_every=1, eval_every=0))
+
+
+def test_a_finite_float64_loss_beyond_float32_range_is_not_called_non_finite() -> None:
+    """A float64 run whose loss exceeds float32's 3.4e38 is still finite: the trainer must not stop it."""
+
+    def huge(batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float64):
+        ep = SAMPLE(batch, generator=generator, dtype=torch.float64)
+        return dataclasses.replace(ep, y_query=ep.y_query * 1e25)  # squared error ~1e50
+
+    cfg = _cfg(steps=3, log_every=1, eval_every=0, lr=1e-30, dtype="float64")
+    res = train(_model().double(), huge, cfg)
+    assert 1e40 < res.history[-1]["train_loss"] < float("inf")

@@ -1,9 +1,11 @@
 """Learners that are plain tensor code: the algorithms transformers are proved to implement."""
 
 from iclab.algorithms.classification import BayesClassifier as BayesClassifier
+from iclab.algorithms.classification import BudgetProbe as BudgetProbe
 from iclab.algorithms.classification import LabelFrequency as LabelFrequency
 from iclab.algorithms.classification import LinearProbe as LinearProbe
 from iclab.algorithms.classification import NearestClassMean as NearestClassMean
+from iclab.algorithms.classification import ProbeConvergenceWarning as ProbeConvergenceWarning
 from iclab.algorithms.functional_gd import CategoricalFunctionalGD as CategoricalFunctionalGD
 from iclab.algorithms.functional_gd import FunctionalGD as FunctionalGD
 from iclab.algorithms.functional_gd import FunctionalGDPlusPlus as FunctionalGDPlusPlus

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from iclab.algorithms.classification import LinearProbe, accuracy, nll
+from iclab.algorithms.classification import BudgetProbe, LinearProbe, accuracy, nll
 from iclab.constructions.categorical_attention import gd_form
 from iclab.core.episode import Episode
 from iclab.core.errors import require
@@ -575,13 +575,17 @@ class ImageConfig(CatSetup):
     num_classes: int = 5
     d_embed: int = 5  # the paper's value is stripped (spec §4.2 [FLAG])
     n: int = 50  # 5-way 10-shot
-    kernel: Literal["linear", "rbf", "exp", "laplacian", "softmax"] = "softmax"
+    # the paper does not say; the authors' code has softmax and linear runs and their Fig. 4 notebook plots the
+    # linear ones (spec §4.2 [FLAG]). K linear-kernel GD steps are K GD steps of a linear classifier in
+    # feature space, the function class of the linear probe
+    kernel: Literal["linear", "rbf", "exp", "laplacian", "softmax"] = "linear"
     extractor: Literal["random_relu", "pixels"] = "random_relu"
     width: int = 64
     L: int = 2048
     blocks: tuple[int, ...] = (1, 2, 3)
-    probe_l2: float = 1e-2
-    probe_tol: float = 0.02  # claim 18: GD (2-3 blocks) within this of the probe
+    probe_l2: float = 1e-2  # the converged reference probe (LinearProbe)
+    probe_steps: int = 500  # the authors' probe: AdamW steps at lr 1e-3 from a small init (BudgetProbe)
+    probe_tol: float = 0.02  # claim 18: GD (2-3 blocks) within this of the authors' probe
 
 
 def run_image(cfg: ImageConfig, ctx: RunContext) -> dict[str, Any]:
@@ -590,10 +594,16 @@ def run_image(cfg: ImageConfig, ctx: RunContext) -> dict[str, Any]:
     test_eps = digits_episodes("test", extractor=cfg.extractor, width=cfg.width)
     val = test_eps.sample(cfg.val_size, cfg.n, generator=generator(derive_seed(0, "val")), dtype=dtype)
     test = test_eps.sample(cfg.test_size, cfg.n, generator=generator(derive_seed(0, "test")), dtype=torch.float64)
-    probe = LinearProbe(num_classes=cfg.num_classes, l2=cfg.probe_l2).predict(test)
+    probes = {
+        "probe": BudgetProbe(num_classes=cfg.num_classes, steps=cfg.probe_steps).predict(test),
+        "probe_converged": LinearProbe(num_classes=cfg.num_classes, l2=cfg.probe_l2).predict(test),
+    }
     sample = functools.partial(train_eps.sample, n=cfg.n)
     return {
-        "probe": {"acc": float(accuracy(probe, test.label_query)), "nll": float(nll(probe, test.label_query))},
+        **{
+            k: {"acc": float(accuracy(v, test.label_query)), "nll": float(nll(v, test.label_query))}
+            for k, v in probes.items()
+        },
         "blocks": list(cfg.blocks),
         "gd": _gd_per_depth(cfg, ctx, sample, val, test.to(dtype=dtype)),
     }
@@ -603,8 +613,13 @@ def plot_image(results: dict[str, Any], cfg: ImageConfig, out: Path) -> list[Pat
     fig, axes = subplots(1, 2)
     palette = ("tab:blue", "tab:orange", "tab:purple", "tab:brown")
     _gd_curves(axes, results["gd"], results["blocks"], lambda i: palette[i % 4], "GD ")
-    axes[0, 0].axhline(results["probe"]["acc"], ls="--", color="k", label="linear probing")
-    axes[0, 1].axhline(results["probe"]["nll"], ls="--", color="k", label="linear probing")
+    for key, ls, label in (
+        ("probe", "--", "linear probing (500 AdamW steps)"),
+        ("probe_converged", ":", "L2 probe, converged"),
+    ):
+        if key in results:
+            axes[0, 0].axhline(results[key]["acc"], ls=ls, color="k", label=label)
+            axes[0, 1].axhline(results[key]["nll"], ls=ls, color="k", label=label)
     for ax, name in zip(axes[0], ("accuracy (held-out classes)", "NLL"), strict=True):
         ax.set_xlabel("optimizer updates")
         ax.set_ylabel(name)
@@ -621,8 +636,8 @@ def claims_image(results: dict[str, Any], cfg: ImageConfig) -> list[ClaimResult]
             "deep_gd_matches_linear_probing",
             abs(best_deep - probe["acc"]),
             hi=cfg.probe_tol,
-            detail=f"GD acc by blocks { {K: round(gd[K]['acc'], 4) for K in gd} } vs probe "
-            f"{probe['acc']:.4f} (claim 18)",
+            detail=f"GD acc by blocks { {K: round(gd[K]['acc'], 4) for K in gd} } vs the authors' probe "
+            f"{probe['acc']:.4f} (claim 18; converged L2 probe {results['probe_converged']['acc']:.4f})",
         ),
         check(
             "one_block_not_above_deeper",
@@ -640,15 +655,16 @@ FIG4_RIGHT = register(
         config=ImageConfig,
         presets={
             "smoke": {**SMOKE, "n": 50, "L": 64, "blocks": (1, 2), "probe_tol": 1.0},
-            "quick": {**QUICK, "L": 1024, "batch_size": 64, "probe_tol": 0.05},
+            "quick": {**QUICK, "L": 1024, "batch_size": 64, "probe_tol": 0.03},
             "paper": dict(),
         },
         run=run_image,
         plot=plot_image,
         claims=claims_image,
         description="Offline stand-in for §6.2: scikit-learn digits, classes 0-4 train / 5-9 test, 5-way 10-shot "
-        "(N = 50), a fixed seeded random-ReLU feature extractor (64 features); linear probing = per-episode "
-        "L2-regularised multinomial logistic regression solved to optimality.",
+        "(N = 50), a fixed seeded random-ReLU feature extractor (64 features), the linear kernel (the authors' "
+        "plotting notebook); linear probing = the authors' per-episode probe (500 AdamW steps, no bias), with "
+        "the L2-regularised probe solved to optimality as a second reference.",
     )
 )
 

@@ -10,8 +10,8 @@ token frequencies, add-one smoothed) is the no-context reference.
 Training follows the authors' language code (AdamW lr 1e-3, weight decay 1e-2, global grad-norm clip 1,
 batch 64, dropout 0.1 at paper size), through :func:`iclab.training.train` with a thin adapter that
 carries token windows in an :class:`~iclab.core.episode.Episode` (inputs as ``labels``, next tokens in
-``task["targets"]``). Windows are drawn at random offsets of the concatenated story stream (stories
-separated by ``<|endoftext|>``), instead of one padded story per row.
+``task["targets"]``). Every window lies inside one story (:meth:`StoryLanguageData.batch`), right-padded,
+with the targets past the story's end set to ``IGNORE_INDEX`` so the loss and every metric skip them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from iclab.core.seeding import derive_seed
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.language import LanguageGD, LanguageGPT, generate, next_token_nll, repeated_ngram_fraction
 from iclab.reporting.figures import save, subplots
-from iclab.tasks.language import StoryLanguageData
+from iclab.tasks.language import IGNORE_INDEX, StoryLanguageData
 from iclab.theory.categorical import language_parameter_counts
 from iclab.training import TrainConfig, train
 
@@ -151,7 +151,7 @@ def evaluate_tokens(model: nn.Module, inputs: Tensor, targets: Tensor, batch: in
         t = targets[s : s + batch]
         nll += float(next_token_nll(logits, t, reduction="sum"))
         correct += int((logits.argmax(-1) == t).sum())
-        count += t.numel()
+        count += int((t != IGNORE_INDEX).sum())
     return {"nll": nll / count, "perplexity": math.exp(nll / count), "accuracy": correct / count}
 
 
@@ -159,7 +159,8 @@ def unigram_nll(data: StoryLanguageData, targets: Tensor) -> float:
     """NLL of add-one-smoothed train-split token frequencies: the no-context reference."""
     counts = torch.bincount(data.streams["train"], minlength=data.vocab_size).double() + 1
     logp = (counts / counts.sum()).log()
-    return float(-logp[targets.flatten()].mean())
+    targets = targets.flatten()
+    return float(-logp[targets[targets != IGNORE_INDEX]].mean())
 
 
 def continuations(model: nn.Module, data: StoryLanguageData, cfg: LanguageConfig) -> dict[str, Any]:

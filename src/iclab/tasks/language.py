@@ -11,11 +11,16 @@ from the Hugging Face hub. This module replaces them with things that need no ne
   ``<|pad|>``. Byte-level BPE round-trips any text exactly. Trained tokenizers are cached on disk
   (written atomically) under ``cache_dir`` (default ``$ICLAB_CACHE`` or ``~/.cache/iclab``), keyed by
   a hash of the corpus and the settings.
-* :class:`StoryLanguageData`: the corpus split by story (seeded) into train / validation / test token
-  streams, and next-token windows ``(B, T)`` inputs with ``(B, T)`` targets shifted by one.
+* :class:`StoryLanguageData`: the corpus split by story (seeded) into train / validation / test, and
+  next-token windows ``(B, T)`` inputs with ``(B, T)`` targets shifted by one. **A window never crosses a
+  story boundary**: every row holds tokens of one story only, right-padded with ``<|pad|>`` where the
+  story ends, and its targets are :data:`IGNORE_INDEX` wherever there is no next token of the same story
+  (the story's closing EOT predicts nothing). The models are causal, so right padding leaves the logits
+  at real positions unchanged, and :func:`iclab.models.language.next_token_nll` skips the ignored targets.
 
 >>> data = StoryLanguageData.build(stories=4000, vocab_size=1024, seq_len=64)
 >>> inputs, targets = data.batch("train", 64, generator=iclab.generator(0))   # (64, 64) int64 each
+>>> loss = next_token_nll(model(inputs), targets)                          # ignores IGNORE_INDEX
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import hashlib
 import os
 import random
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +42,7 @@ from iclab.core.seeding import derive_seed, generator
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
+IGNORE_INDEX = -100  # target of positions without a next token in the same story (torch's cross-entropy default)
 Split = Literal["train", "validation", "test"]
 SPLITS: tuple[str, ...] = ("train", "validation", "test")
 
@@ -255,11 +262,33 @@ def train_tokenizer(texts: list[str], vocab_size: int = 1024, *, cache_dir: str 
 
 @dataclass(frozen=True, eq=False)
 class StoryLanguageData:
-    """Token streams of a story corpus split by story, and next-token windows of ``seq_len`` tokens.
+    """A story corpus split by story, and next-token windows of ``seq_len`` tokens inside single stories.
 
     Build with :meth:`build` (the generated corpus) or :meth:`from_texts` (any list of documents).
-    ``streams[split]`` is the 1-D int64 concatenation of that split's stories, each followed by EOT;
-    ``documents[split]`` the per-story token ids (EOT included), e.g. for prompting generation.
+    ``documents[split]`` holds the per-story token ids (EOT appended, as the paper does), e.g. for
+    prompting generation; ``streams[split]`` is their 1-D int64 concatenation (token statistics only:
+    windows are never cut from it across stories).
+
+    Windows (Wang et al. 2025 §6.3; spec 004 §4.3: the authors feed one story per row, truncated to 256
+    tokens, padded, pad ignored by the loss). A story of L tokens (EOT included) has the next-token pairs
+    (t_j → t_{j+1}), j < L − 1. A row covers the T + 1 tokens t_s..t_{s+T} of one story (T = ``seq_len``):
+    ``inputs[:, i] = t_{s+i}`` and ``targets[:, i] = t_{s+i+1}``; the input t_{L−1} (the story's EOT) has
+    target :data:`IGNORE_INDEX`, and positions past it hold ``pad_id`` / :data:`IGNORE_INDEX`, so no
+    target is ever a token of another story and no input is ever preceded by one. Position 0 of a row is the story's token s, so
+    when every story fits (L ≤ T + 1: the generated stories have ~100-160 tokens at vocab ≈ 790, the
+    paper's T = 256) a row is exactly the paper's one padded story from its beginning.
+
+    * :meth:`batch` (training): each row picks a story with probability proportional to its number of
+      windows, ⌈(L − 1)/T⌉, then a start s uniform in {0, …, max(0, L − T − 1)}: one padded story per row
+      when it fits, a uniformly placed full window inside it otherwise. Departure from the paper: a story
+      longer than T + 1 is not truncated to its beginning; any part of it can be drawn. Target tokens are
+      drawn at rates within a factor ≈ 2 of each other, except the first and last T of a story longer
+      than T + 1, which (as with any random crop) are drawn less often.
+    * :meth:`windows` (evaluation): every story cut into consecutive windows starting at s = 0, T, 2T, …,
+      so every next-token pair of the split is a target exactly once; a window with s > 0 sees only the
+      story from t_s on.
+
+    Mean losses and accuracies must therefore count only targets ``!= IGNORE_INDEX``.
     """
 
     tokenizer: object  # tokenizers.Tokenizer
@@ -302,7 +331,9 @@ class StoryLanguageData:
     ) -> StoryLanguageData:
         """Split ``texts`` by document with a seeded permutation, train the tokenizer on the train split only.
 
-        Raises ``ConfigError`` naming ``seq_len`` if a split holds fewer than seq_len + 1 tokens.
+        Raises ``ConfigError`` naming ``seq_len`` if a split holds fewer than seq_len + 1 tokens in all (a
+        window may exceed one story, it is padded, but not the whole split), and naming ``texts`` if a
+        split has no document with text (nothing to predict).
         """
         owner = "StoryLanguageData"
         require(owner, "seq_len", isinstance(seq_len, int) and seq_len >= 1, "an int >= 1", seq_len)
@@ -331,6 +362,13 @@ class StoryLanguageData:
             enc = tok.encode_batch([texts[i] for i in idx])
             documents[split] = [torch.tensor([*e.ids, eot], dtype=torch.long) for e in enc]
             streams[split] = torch.cat(documents[split])
+            require(
+                owner,
+                "texts",
+                any(d.numel() >= 2 for d in documents[split]),
+                f"documents with text in every split (the {split} split has only empty ones)",
+                f"{len(idx)} empty documents",
+            )
             require(
                 owner,
                 "seq_len",
@@ -365,19 +403,49 @@ class StoryLanguageData:
         require("StoryLanguageData", "split", split in SPLITS, f"one of {SPLITS}", split)
         return self.streams[split]
 
+    @cached_property
+    def _layout(self) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+        """Per split: story lengths L (D,), their offsets in the stream (D,), windows per story ⌈(L−1)/T⌉ (D,)."""
+        out = {}
+        for split, docs in self.documents.items():
+            length = torch.tensor([d.numel() for d in docs], dtype=torch.long)
+            offset = torch.cumsum(length, 0) - length
+            out[split] = (length, offset, (length - 1 + self.seq_len - 1) // self.seq_len)
+        return out
+
+    def _gather(self, split: str, doc: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        """Rows of story ``doc (R,)`` from token ``start (R,)``: padded inputs and masked targets (R, T)."""
+        stream = self._stream(split).to(doc.device)
+        length, offset, _ = (t.to(doc.device) for t in self._layout[split])
+        j = start.unsqueeze(1) + torch.arange(self.seq_len + 1, device=doc.device)  # (R, T+1) index in the story
+        inside = j < length[doc].unsqueeze(1)  # (R, T+1)
+        tok = stream[(offset[doc].unsqueeze(1) + j).clamp_max(stream.numel() - 1)]  # (R, T+1)
+        inputs = torch.where(inside[:, :-1], tok[:, :-1], self.pad_id)
+        targets = torch.where(inside[:, 1:], tok[:, 1:], IGNORE_INDEX)
+        return inputs, targets
+
     def batch(self, split: Split, batch: int, *, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        """``batch`` windows at uniform random offsets: inputs (B, T) and next-token targets (B, T), on the
-        generator's device. ``targets[:, t] = inputs[:, t+1]`` for t < T − 1 (T = seq_len)."""
+        """``batch`` random windows inside single stories (class docstring): inputs (B, T), right-padded with
+        ``pad_id``, and next-token targets (B, T), :data:`IGNORE_INDEX` past the story's last token; on the
+        generator's device. ``targets[:, t] = inputs[:, t+1]`` wherever both are inside the story."""
         require("StoryLanguageData", "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
-        s = self._stream(split).to(generator.device)
-        T = self.seq_len
-        start = torch.randint(0, s.numel() - T, (batch,), generator=generator, device=generator.device)  # (B,)
-        win = s[start.unsqueeze(1) + torch.arange(T + 1, device=s.device)]  # (B, T+1)
-        return win[:, :-1], win[:, 1:]
+        self._stream(split)
+        dev = generator.device
+        length, _, count = (t.to(dev) for t in self._layout[split])
+        cum = torch.cumsum(count, 0)  # (D,)
+        u = torch.randint(0, int(cum[-1]), (batch,), generator=generator, device=dev)  # (B,) a window number
+        doc = torch.searchsorted(cum, u, right=True)  # (B,) story ∝ its number of windows
+        top = (length[doc] - self.seq_len - 1).clamp_min(0)  # (B,) last start with a full window
+        start = torch.randint(0, 2**62, (batch,), generator=generator, device=dev) % (top + 1)  # (B,) uniform
+        return self._gather(split, doc, start)
 
     def windows(self, split: Split) -> tuple[Tensor, Tensor]:
-        """Every non-overlapping window of the split, in order: inputs and targets (num, T), for a full pass."""
-        s, T = self._stream(split), self.seq_len
-        num = (s.numel() - 1) // T
-        win = s[: num * T + 1]
-        return win[:-1].reshape(num, T), win[1:].reshape(num, T)
+        """Every story of the split cut into consecutive windows (starts 0, T, 2T, …), stories in order:
+        inputs and targets (num, T) as in :meth:`batch`. Each next-token pair of the split is a target
+        exactly once, so a full pass over these is the split's token-averaged loss."""
+        self._stream(split)
+        _, _, count = self._layout[split]
+        doc = torch.repeat_interleave(torch.arange(count.numel()), count)  # (num,)
+        first = torch.cumsum(count, 0) - count  # (D,) index of each story's first window
+        start = (torch.arange(doc.numel()) - first[doc]) * self.seq_len  # (num,)
+        return self._gather(split, doc, start)
