@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from iclab import models, tasks
 from iclab.bench import matmul_peak, timeit
-from iclab.core.devices import resolve_device
+from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.seeding import generator
 from iclab.training.optim import clip_gradients
 from iclab.training.trainer import mse_loss
@@ -65,5 +65,7 @@ if __name__ == "__main__":
     ap.add_argument("device", nargs="?", default="cpu")
     ap.add_argument("--batch", type=int, default=4000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-tune-allocator", action="store_true", help="leave glibc malloc at its defaults")
     a = ap.parse_args()
-    print(json.dumps(bench(a.device, batch=a.batch, repeats=a.repeats), indent=2))
+    tuned = not a.no_tune_allocator and tune_cpu_allocator()
+    print(json.dumps({**bench(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}, indent=2))

@@ -13,7 +13,12 @@ import json
 import sys
 
 from iclab.bench import run_benchmarks
+from iclab.core.devices import tune_cpu_allocator
 
 if __name__ == "__main__":
+    if "--no-tune-allocator" in sys.argv:
+        sys.argv.remove("--no-tune-allocator")
+    else:
+        tune_cpu_allocator()  # as the iclab CLI does
     device = sys.argv[1] if len(sys.argv) > 1 else "cpu"
     print(json.dumps(run_benchmarks("benchmarks/results", device=device), indent=2))

@@ -129,15 +129,16 @@ class BilinearFFN(nn.Module):
         return self._full(self.W1_free)
 
     def forward(self, z: Tensor) -> Tensor:
-        """(B, T, d̄+1) -> (B, T, d̄+1); the label entry passes through."""
-        if self.sparse:
-            k = self.d + 1
-            a = z[..., :k]  # (B, T, d+1): (1, x) of every token
-            inc = (a @ self.W0_free.T) * (a @ self.W1_free.T)  # (B, T, d̄−d−1)
-            return torch.cat([z[..., :k], z[..., k : self.d_bar] + inc, z[..., self.d_bar :]], dim=-1)
-        u = z[..., : self.d_bar]  # (B, T, d̄)
-        u = u + (u @ self.W0_free.T) * (u @ self.W1_free.T)
-        return torch.cat([u, z[..., self.d_bar :]], dim=-1)
+        """(B, T, d̄+1) -> (B, T, d̄+1); the label entry passes through.
+
+        Computed on the whole token with W_0, W_1 zero-padded to (d̄+1)²: the label's row and column are 0,
+        so it passes through exactly and no slice/cat of the (B, T, d̄+1) activations (and no zero-filled
+        slice gradient in the backward) is needed. The sparse layer's padded weights are zero outside
+        its (d̄−d−1, d+1) block, which is eq. (11) exactly.
+        """
+        pad = (0, z.shape[-1] - self.d_bar, 0, z.shape[-1] - self.d_bar)
+        W0, W1 = nn.functional.pad(self.W0, pad), nn.functional.pad(self.W1, pad)  # (d̄+1, d̄+1)
+        return z + (z @ W0.T) * (z @ W1.T)
 
 
 @dataclass(frozen=True, kw_only=True)
