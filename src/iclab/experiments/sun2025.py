@@ -299,13 +299,15 @@ def run_fig2(cfg: Fig2Config, ctx: RunContext) -> dict[str, Any]:
     return {"rows": _run_models(cfg, ctx, models, cfg.d)}
 
 
-def _model_curves(ax: Any, rows: list[dict[str, Any]]) -> None:
+def _model_curves(ax: Any, rows: list[dict[str, Any]], title: str) -> None:
     """Test loss over training, mean ± spread over seeds, one band per model label (log scale)."""
     for label in dict.fromkeys(r["model"] for r in rows):
         rs = [r for r in rows if r["model"] == label]
         band(ax, rs[0]["steps"].numpy(), torch.stack([r["test_loss"] for r in rs]), label=label)
     ax.set_yscale("log")
     ax.set_xlabel("iteration")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
 
 
 def plot_fig2(results: dict[str, Any], cfg: Fig2Config, out: Path) -> list[Path]:
@@ -313,10 +315,7 @@ def plot_fig2(results: dict[str, Any], cfg: Fig2Config, out: Path) -> list[Path]
     fig, axes = subplots(1, 2)
     _length_panel(axes[0, 0], cfg, rows, "model", "(Fig. 2) cubic, d = 4, d̄ = 15", 5.0)
     axes[0, 0].axhline(2.0, ls=":", color="gray", lw=0.8, label="quadratic-feature floor")
-    ax = axes[0, 1]
-    _model_curves(ax, rows)
-    ax.set_title("(Fig. 10) training curves")
-    ax.legend(fontsize=7)
+    _model_curves(axes[0, 1], rows, "(Fig. 10) training curves")
     return [save(fig, out / "fig2_10.png")]
 
 
@@ -935,10 +934,7 @@ def plot_order_ablation(results: dict[str, Any], cfg: OrderAblationConfig, out: 
     ax.set_title(f"block order, d = {cfg.d}, d̄ = {cfg.d_bar}")
     ax.legend(fontsize=7)
     _length_panel(axes[0, 1], cfg, rows, "model", "loss vs test length", results["floor"])
-    ax = axes[0, 2]
-    _model_curves(ax, rows)
-    ax.set_title("training curves")
-    ax.legend(fontsize=7)
+    _model_curves(axes[0, 2], rows, "training curves")
     return [save(fig, out / "order_ablation.png")]
 
 
