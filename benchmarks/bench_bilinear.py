@@ -15,13 +15,11 @@ import argparse
 import json
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from iclab import models, tasks
-from iclab.bench import matmul_peak, timeit
+from iclab.bench import matmul_peak, measure_step, timeit
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.seeding import generator
-from iclab.training.optim import clip_gradients
 from iclab.training.trainer import mse_loss
 
 
@@ -31,21 +29,11 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
     cfg = models.BilinearTransformerConfig(d=4, d_bar=12, n_blocks=n_blocks, init_std=0.02)
     model = models.BilinearTransformer(cfg, generator=generator(0)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    params = list(model.parameters())
     ep = task.sample(batch, n, generator=generator(1, dev))
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        mse_loss(model, ep).backward()
-        clip_gradients(params, 1.0, "global")
-        opt.step()
-
-    with FlopCounterMode(display=False) as fc:
-        opt.zero_grad(set_to_none=True)
-        mse_loss(model, ep).backward()
-    flops = fc.get_total_flops()
     peak = matmul_peak(dev, repeats=repeats)
-    sec = timeit(step, device=dev, repeats=repeats, warmup=1)
+    r = measure_step(lambda: mse_loss(model, ep), opt, clip=1.0, clip_mode="global", device=dev, items=batch,
+                     per="prompts", repeats=repeats, warmup=1)  # fmt: skip
+    flops, sec = r["gflop_per_step"] * 1e9, r["ms_per_step"] / 1e3
     data = timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1)
     return {
         "device": str(dev),

@@ -16,14 +16,12 @@ import json
 import platform
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from iclab.bench import matmul_peak, timeit
+from iclab.bench import matmul_peak, measure_step
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.seeding import generator
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.tasks.categorical import RBFMixtureCategorical
-from iclab.training.optim import clip_gradients
 
 AUTHORS_TORCH_MS = 330.0
 
@@ -36,29 +34,9 @@ def training_step(
     model = CategoricalTransformer(cfg, generator=generator(1)).to(device)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     ep = task.sample(batch, n, generator=generator(2, device))
-    params = [p for p in model.parameters() if p.requires_grad]
-
-    def loss() -> torch.Tensor:
-        return torch.nn.functional.cross_entropy(model.predict(ep), ep.label_query)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        loss().backward()
-        clip_gradients(params, 1.0, "global")
-        opt.step()
-
-    with FlopCounterMode(display=False) as fc:
-        opt.zero_grad(set_to_none=True)
-        loss().backward()
-    flops = fc.get_total_flops()
-    sec = timeit(step, device=device, repeats=repeats)
-    return {
-        "ms_per_step": sec * 1e3,
-        "contexts_per_s": batch / sec,
-        "gflop_per_step": flops / 1e9,
-        "achieved_gflops": flops / sec / 1e9,
-        "speedup_vs_authors_torch": AUTHORS_TORCH_MS / (sec * 1e3),
-    }
+    r = measure_step(lambda: torch.nn.functional.cross_entropy(model.predict(ep), ep.label_query), opt, clip=1.0,
+                     clip_mode="global", device=device, items=batch, per="contexts", repeats=repeats)  # fmt: skip
+    return {**r, "speedup_vs_authors_torch": AUTHORS_TORCH_MS / r["ms_per_step"]}
 
 
 def main() -> None:

@@ -16,14 +16,12 @@ import json
 import platform
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
-from iclab.bench import matmul_peak, timeit
+from iclab.bench import matmul_peak, measure_step, timeit
 from iclab.core.devices import resolve_device
 from iclab.core.seeding import generator
 from iclab.models import KernelTransformer, KernelTransformerConfig
 from iclab.tasks.gaussian_process import GaussianProcess
-from iclab.training.optim import clip_gradients
 
 
 def training_step(
@@ -35,25 +33,8 @@ def training_step(
     ).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ep = task.sample(batch, n, generator=generator(2, device))
-    params = list(model.parameters())
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        (model.predict(ep) - ep.y_query).pow(2).mean().backward()
-        clip_gradients(params, 1.0, "per_matrix")
-        opt.step()
-
-    with FlopCounterMode(display=False) as fc:
-        opt.zero_grad(set_to_none=True)
-        (model.predict(ep) - ep.y_query).pow(2).mean().backward()
-    flops = fc.get_total_flops()
-    sec = timeit(step, device=device, repeats=repeats)
-    return {
-        "ms_per_step": sec * 1e3,
-        "prompts_per_s": batch / sec,
-        "gflop_per_step": flops / 1e9,
-        "achieved_gflops": flops / sec / 1e9,
-    }
+    return measure_step(lambda: (model.predict(ep) - ep.y_query).pow(2).mean(), opt, clip=1.0, clip_mode="per_matrix",
+                        device=device, items=batch, per="prompts", repeats=repeats)  # fmt: skip
 
 
 def sampler(*, device: torch.device, batch: int = 30_000, n: int = 14, repeats: int = 5) -> dict[str, float]:

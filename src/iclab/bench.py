@@ -52,6 +52,47 @@ def matmul_peak(device: torch.device, size: int = 2048, dtype: torch.dtype = tor
     return 2 * size**3 / sec / 1e9
 
 
+def measure_step(
+    loss: Callable[[], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    clip: float,
+    clip_mode: str,
+    device: torch.device,
+    items: int,
+    per: str,
+    repeats: int = 10,
+    warmup: int = 2,
+) -> dict[str, float]:
+    """One optimiser step (zero grads, ``loss().backward()``, gradient clipping, update), timed and FLOP-counted.
+
+    Returns ``ms_per_step``, ``<per>_per_s`` (``items`` per step, e.g. the batch), ``gflop_per_step``
+    (matmul-family FLOPs of forward + backward, ``FlopCounterMode``) and ``achieved_gflops``. The one
+    harness of every training-step benchmark (this module's and ``benchmarks/bench_*.py``).
+    """
+    from iclab.training.optim import clip_gradients
+
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss().backward()
+        clip_gradients(params, clip, clip_mode)  # type: ignore[arg-type]
+        optimizer.step()
+
+    with FlopCounterMode(display=False) as fc:
+        optimizer.zero_grad(set_to_none=True)
+        loss().backward()
+    flops = fc.get_total_flops()
+    sec = timeit(step, device=device, repeats=repeats, warmup=warmup)
+    return {
+        "ms_per_step": sec * 1e3,
+        f"{per}_per_s": items / sec,
+        "gflop_per_step": flops / 1e9,
+        "achieved_gflops": flops / sec / 1e9,
+    }
+
+
 def training_step(
     *,
     d: int = 5,
@@ -63,35 +104,16 @@ def training_step(
     repeats: int = 10,
 ) -> dict[str, float]:
     """One Adam step (forward, backward, per-matrix clip, update) of the Fig.-1 configuration."""
-    from iclab.training.optim import clip_gradients
-
     task = LinearRegression.random_rotation(generator=generator(0))
     model = LinearTransformer(
         LinearTransformerConfig(d=d, n_layers=n_layers, pattern=pattern), generator=generator(1)
     ).to(device)  # type: ignore[arg-type]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ep = task.sample(batch, n, generator=generator(2, device))
-    params = list(model.parameters())
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        mse_loss(model, ep).backward()
-        clip_gradients(params, 0.01, "per_matrix")
-        opt.step()
-
-    with FlopCounterMode(display=False) as fc:
-        opt.zero_grad(set_to_none=True)
-        mse_loss(model, ep).backward()
-    flops = fc.get_total_flops()
-    sec = timeit(step, device=device, repeats=repeats)
+    out = measure_step(lambda: mse_loss(model, ep), opt, clip=0.01, clip_mode="per_matrix", device=device,
+                       items=batch, per="samples", repeats=repeats)  # fmt: skip
     sample_sec = timeit(lambda: task.sample(batch, n, generator=generator(3, device)), device=device, repeats=repeats)
-    return {
-        "ms_per_step": sec * 1e3,
-        "samples_per_s": batch / sec,
-        "gflop_per_step": flops / 1e9,
-        "achieved_gflops": flops / sec / 1e9,
-        "data_ms": sample_sec * 1e3,
-    }
+    return {**out, "data_ms": sample_sec * 1e3}
 
 
 def preset_times(preset: str, out: Path, device: str) -> dict[str, float]:
