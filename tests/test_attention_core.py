@@ -57,3 +57,123 @@ def test_bad_input_names_the_argument() -> None:
         attention_update(src, tgt, WQ, WV, ("gelu",))
     with pytest.raises(ShapeError, match="attention_update.query_maps"):
         attention_update(src, tgt, torch.zeros(2, 4, 4), WV, ("linear",))
+
+
+# --- the moment form: z_{ℓ+1} = z_ℓ T_ℓ, carried as (G, q) ---------------------------------------------
+def _regression_episode(B: int = 48, n: int = 9):
+    from iclab.tasks import LinearRegression
+
+    task = LinearRegression.random_rotation((1.0, 0.5, 2.0, 0.25), generator=generator(0))
+    return task.sample(B, n, generator=generator(2)).to(dtype=F64)
+
+
+def _same_values_and_gradients(model: torch.nn.Module, ep) -> None:
+    from conftest import rel_diff
+
+    got, want = model(ep), model.forward_tokens(ep)
+    assert float(want.detach().abs().max()) > 1e-3
+    assert rel_diff(got, want) < 1e-12
+    params = list(model.parameters())
+    g_got = torch.autograd.grad(got.square().mean(), params)
+    g_want = torch.autograd.grad(want.square().mean(), params)
+    for a, b in zip(g_got, g_want, strict=True):
+        assert rel_diff(a, b) < 1e-11
+
+
+_LINEAR_CASES = [
+    dict(pattern="full"),
+    dict(pattern="full", n_heads=3),
+    dict(pattern="full", key_query="separate", rank=2, n_heads=2),
+    dict(pattern="full", sources="all", residual=False, readout="positive"),
+    dict(pattern="full", sources="all", n_heads=2),
+    dict(pattern="pattern11"),
+    dict(pattern="pattern11", n_heads=2, residual=False),
+    dict(pattern="sparse"),
+    dict(pattern="sparse", n_heads=3, readout="positive"),
+    dict(pattern="sparse_symmetric", sources="all"),
+    dict(pattern="sparse_symmetric", n_heads=2),
+]
+
+
+@pytest.mark.parametrize("case", _LINEAR_CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_linear_transformer_moment_form_equals_the_token_pass(case: dict) -> None:
+    """Ahn et al. eq. (3)-(4) through (G, q) alone, against every layer on every token (float64)."""
+    from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+
+    model = LinearTransformer(LinearTransformerConfig(d=4, n_layers=3, init_std=0.2, **case), generator=generator(1))
+    model = model.double()
+    ep = _regression_episode()
+    assert model.moment_sources == case.get("sources", "context")
+    if (
+        case["pattern"].startswith("sparse")
+        and case.get("residual", True)
+        and case.get("sources", "context") == "context"
+    ):
+        assert all(layer.label_only for layer in model.layers)  # the d-space label-only form
+    _same_values_and_gradients(model, ep)
+
+
+@pytest.mark.parametrize("value", ["sparse", "label", "full"])
+@pytest.mark.parametrize("qk", ["blocks", "full"])
+@pytest.mark.parametrize("heads", [1, 2])
+def test_kernel_transformer_linear_heads_moment_form_equals_the_token_pass(value: str, qk: str, heads: int) -> None:
+    from iclab.models.kernel_attention import KernelTransformer, KernelTransformerConfig
+
+    cfg = KernelTransformerConfig(
+        d=4, n_layers=3, activations=("linear",) * heads, value=value, qk=qk, divide_by_n=heads == 2, init_std=0.2
+    )
+    model = KernelTransformer(cfg, generator=generator(1)).double()
+    assert model.moment_sources == "context"
+    _same_values_and_gradients(model, _regression_episode())
+
+
+def test_non_linear_scores_have_no_moment_form() -> None:
+    from iclab.models.kernel_attention import KernelTransformer, KernelTransformerConfig
+    from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+
+    assert LinearTransformer(LinearTransformerConfig(d=3, activation="relu")).moment_sources is None
+    mixed = KernelTransformer(KernelTransformerConfig(d=3, activations=("linear", "softmax")))
+    assert mixed.moment_sources is None
+    with pytest.raises(ValueError, match="linear heads"):
+        mixed.layers[0].transfer(torch.zeros(4, 4, 2), 5)
+    relu = LinearTransformer(LinearTransformerConfig(d=3, activation="relu")).layers[0]
+    with pytest.raises(ValueError, match="linear scores"):
+        relu.transfer(torch.zeros(4, 4, 2), 5)
+
+
+def test_batched_matmul_is_the_per_prompt_product_to_second_order() -> None:
+    from iclab.models.attention_core import batched_matmul
+
+    g = generator(3)
+    X = torch.randn(4, 3, 5, generator=g, dtype=F64, requires_grad=True)
+    Y = torch.randn(3, 2, 5, generator=g, dtype=F64, requires_grad=True)
+    assert_close(batched_matmul(X, Y), torch.einsum("ijb,jkb->ikb", X, Y))
+    assert torch.autograd.gradcheck(batched_matmul, (X, Y))
+    assert torch.autograd.gradgradcheck(batched_matmul, (X, Y))
+    Xs, Ys = torch.randn(7, 4, 3, 5, generator=g, dtype=F64), torch.randn(7, 3, 2, 5, generator=g, dtype=F64)
+    assert_close(torch.func.vmap(batched_matmul)(Xs, Ys), torch.einsum("sijb,sjkb->sikb", Xs, Ys))
+    grads = torch.func.vmap(torch.func.grad(lambda a, b: batched_matmul(a, b).square().sum()))(Xs, Ys)
+    assert_close(grads, 2 * torch.einsum("sikb,sjkb->sijb", torch.einsum("sijb,sjkb->sikb", Xs, Ys), Ys))
+
+
+def test_moments_are_memoised_until_the_data_changes_in_place() -> None:
+    import pickle
+
+    from iclab.models.attention_core import context_moments
+    from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+
+    ep = _regression_episode(B=6, n=5)
+    first = context_moments(ep)
+    assert context_moments(ep)[0] is first[0]  # reused
+    model = LinearTransformer(LinearTransformerConfig(d=4, init_std=0.3), generator=generator(1)).double()
+    before = model(ep).detach().clone()
+    ep.y[:, 0].mul_(-3.0)  # in place, through a view
+    assert context_moments(ep)[0] is not first[0]
+    fresh = type(ep)(x=ep.x.clone(), x_query=ep.x_query.clone(), y=ep.y.clone())
+    assert_close(model(ep), model(fresh))
+    assert not torch.allclose(model(ep), before)
+    assert "_memo" not in pickle.loads(pickle.dumps(ep)).__dict__  # pickles carry data, not caches
+    x = ep.x.clone().requires_grad_(True)  # inputs that need grad: nothing stored, the graph is kept
+    ep_grad = type(ep)(x=x, x_query=ep.x_query, y=ep.y)
+    model(ep_grad).sum().backward()
+    assert x.grad is not None and "_memo" not in ep_grad.__dict__

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import torch
 from torch import Tensor
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from iclab.core.errors import ShapeError, require_shape
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,30 @@ class Episode:
             label_query=sel(self.label_query),
             task=task,
         )
+
+    def memo(self, key: str, compute: Callable[[Episode], T]) -> T:
+        """``compute(self)``, computed once per episode and reused until one of its tensors changes.
+
+        For statistics of the data that several forward passes read (a model's context moments, the
+        trainer reusing a batch for ``resample_every`` steps). The entry is keyed by ``key`` and by the
+        version counters of x, x_query, y and labels, so an in-place change to any of them (or to a view
+        of them) recomputes it. Nothing is stored when an input requires grad (the statistics must stay
+        in that graph) or under ``torch.func`` transforms (vmap's tensors are rebuilt every call).
+        """
+        tensors = [t for t in (self.x, self.x_query, self.y, self.labels) if t is not None]
+        if any(t.requires_grad or is_functorch_wrapped_tensor(t) for t in tensors):
+            return compute(self)
+        stamp = tuple(t._version for t in tensors)
+        cache = self.__dict__.setdefault("_memo", {})  # not a field: no effect on ==, repr or replace()
+        hit = cache.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        value = compute(self)
+        cache[key] = (stamp, value)
+        return value
+
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k != "_memo"}  # pickles carry data, not caches
 
     def with_context(self, n: int) -> Episode:
         """The same prompts with only their first ``n`` context pairs."""

@@ -12,6 +12,17 @@ Linear heads are evaluated by associativity, Δ_j = t_jᵀ Σ_h W_{Q,h}ᵀ W_{K,
 rows): one (B, D, D) Gram matrix, mixed over heads at (D, D) size, then one product with the targets.
 No m×T score matrix and no per-head (m, ·) key or value tensor is formed: O(m·D²) per prompt. The
 other scores come from :func:`iclab.core.kernels.gram`, softmax normalised over the m sources.
+
+**Moment form.** A layer whose update is linear in the targets with a mix built from the sources' Gram
+matrix alone (linear scores, the sources = the context or every token) maps the prompt by one matrix
+per prompt: z_{ℓ+1} = z_ℓ T_ℓ with T_ℓ = I + Mix_ℓ(G_ℓ) (Ahn et al. eq. 3: P Z M Zᵀ Q Z is a left
+product with Z). Every row moves by the same T_ℓ, so G_{ℓ+1} = T_ℓᵀ G_ℓ T_ℓ and the query row is
+q_{ℓ+1} = q_ℓ T_ℓ: the whole L-layer forward pass is a function of (G_0, q_0), (D, D) + (D,) per prompt,
+and never touches the n tokens again (:meth:`AttentionStack.forward`; exact, the same numbers as the
+token pass up to rounding). Those tensors are kept batch-last, (D, D, B): a product with a shared
+(D, D) matrix is then one GEMM, and a per-prompt product one broadcast multiply-reduce over
+contiguous B-vectors, which is 3× faster on a CPU than ``torch.bmm`` on 6×6 matrices
+(docs/performance.md).
 """
 
 from __future__ import annotations
@@ -21,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_shape
@@ -98,6 +110,92 @@ def attention_update(
     return out
 
 
+# --- batch-last (D, D, B) algebra for the moment form -------------------------------------------------
+def shared_left(W: Tensor, X: Tensor) -> Tensor:
+    """W X for every prompt: W (i, j) shared, X (j, k, B) batch-last -> (i, k, B). One GEMM."""
+    return (W @ X.reshape(X.shape[0], -1)).reshape(W.shape[0], *X.shape[1:])
+
+
+def shared_right(X: Tensor, W: Tensor) -> Tensor:
+    """X W for every prompt: X (i, j, B) batch-last, W (j, k) shared -> (i, k, B). One GEMM."""
+    return shared_left(W.transpose(0, 1), X.transpose(0, 1).contiguous()).transpose(0, 1)
+
+
+def _bl_matmul(X: Tensor, Y: Tensor) -> Tensor:
+    """Σ_j X[:, j] ⊗ Y[j] as j rank-1 updates over contiguous B-vectors: (i, j, B) × (j, k, B) -> (i, k, B).
+
+    2.8× faster on a CPU than one broadcast multiply-reduce through an (i, j, k, B) temporary
+    (0.63 vs 1.75 ms at 6×6, B = 20 000), and 6× faster than ``torch.bmm`` on (B, 6, 6).
+    """
+    if is_functorch_wrapped_tensor(X) or is_functorch_wrapped_tensor(Y):  # vmap has no batched addcmul_
+        return (X.unsqueeze(2) * Y.unsqueeze(0)).sum(1)
+    out = X[:, 0].unsqueeze(1) * Y[0]
+    for j in range(1, X.shape[1]):
+        out.addcmul_(X[:, j].unsqueeze(1), Y[j])
+    return out
+
+
+class _BatchedMatmul(torch.autograd.Function):
+    """X_b Y_b, batch-last, with the same kernel for the two backward products (dX = dC Yᵀ, dY = Xᵀ dC)."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(X: Tensor, Y: Tensor) -> Tensor:  # type: ignore[override]
+        return _bl_matmul(X, Y)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # type: ignore[override]
+        X, Y = ctx.saved_tensors
+        dX = batched_matmul(grad, Y.transpose(0, 1)) if ctx.needs_input_grad[0] else None
+        dY = batched_matmul(X.transpose(0, 1), grad) if ctx.needs_input_grad[1] else None
+        return dX, dY
+
+
+def batched_matmul(X: Tensor, Y: Tensor) -> Tensor:
+    """X_b Y_b for every prompt b: (i, j, B) × (j, k, B) -> (i, k, B), batch-last. Differentiable
+    to any order (the backward is built from this function)."""
+    return _BatchedMatmul.apply(X, Y)
+
+
+def moment_mix(
+    gram: Tensor, query_maps: Tensor, value_maps: Tensor, *, key_maps: Tensor | None = None, scale: float = 1.0
+) -> Tensor:
+    """scale · Σ_h W_{Q,h}ᵀ W_{K,h} G W_{V,h}ᵀ for every prompt: the linear heads' mix, batch-last (D_t, e, B).
+
+    ``gram`` (D_s, D_s, B) is Σ_i s_i s_iᵀ; the maps are those of :func:`attention_update`. All heads in
+    two GEMMs (heads concatenated along the contracted axis). The targets' update is t_j ↦ t_j · mix.
+    """
+    H, e, Ds = value_maps.shape
+    KQ = query_maps if key_maps is None else key_maps.transpose(-1, -2) @ query_maps  # (H, D_s, D_t)
+    Dt = KQ.shape[-1]
+    values = value_maps * scale if scale != 1.0 else value_maps
+    Y = shared_right(gram, values.permute(2, 0, 1).reshape(Ds, H * e))  # [G W_{V,h}ᵀ]_h: (D_s, H·e, B)
+    if H > 1:
+        Y = Y.reshape(Ds, H, e, -1).transpose(0, 1)
+    return shared_left(KQ.permute(2, 0, 1).reshape(Dt, H * Ds), Y.reshape(H * Ds, e, -1))
+
+
+def context_moments(episode: Episode, *, include_query: bool = False) -> tuple[Tensor, Tensor]:
+    """(G, q) of the prompt z = Z_0ᵀ (eq. 1), batch-last: G = Σ_{sources} z_i z_iᵀ (D, D, B), q (D, B).
+
+    The sources are the n context tokens (Ahn et al.'s mask M), or every token with
+    ``include_query``. Memoised on the episode (:meth:`Episode.memo`): a batch reused for k steps is
+    read once, not k times.
+    """
+
+    def compute(ep: Episode) -> tuple[Tensor, Tensor]:
+        z = embed(ep)
+        src = z if include_query else z[:, : ep.n]
+        return torch.einsum("bni,bnj->ijb", src, src).contiguous(), z[:, -1].transpose(0, 1).contiguous()
+
+    return episode.memo(f"context_moments(include_query={include_query})", compute)
+
+
 def embed(episode: Episode, query_label: Tensor | None = None) -> Tensor:
     """The prompt Z_0ᵀ (Ahn et al. eq. 1): rows [x_i, y_i] for the context, then [x_q, 0]. (B, n+1, d+1).
 
@@ -140,8 +238,12 @@ class AttentionStack(nn.Module):
             )
 
     def _read(self, z: Tensor) -> Tensor:
-        """(B,) +ŷ: Ahn et al. and Cheng et al. read out −[Z_L]_{d+1,n+1}, Zhang et al. +[Z_L]_{d+1,n+1}."""
-        return z[:, -1, -1] if getattr(self.config, "readout", "negative") == "positive" else -z[:, -1, -1]
+        """(B,) +ŷ from the prompt z (B, T, D): see :meth:`_read_label`."""
+        return self._read_label(z[:, -1, -1])
+
+    def _read_label(self, label: Tensor) -> Tensor:
+        """(B,) +ŷ from [Z_L]_{d+1,n+1}: Ahn et al. and Cheng et al. read out −[Z_L]_{d+1,n+1}, Zhang et al. +."""
+        return label if getattr(self.config, "readout", "negative") == "positive" else -label
 
     def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ), every layer on every token."""
@@ -153,7 +255,31 @@ class AttentionStack(nn.Module):
             states.append(z)
         return self._read(z), torch.stack(states)
 
+    @property
+    def moment_sources(self) -> str | None:
+        """'context' or 'all' when every layer has the moment form (module docstring) with those
+        sources, else None. Layers declare it with a ``moment_sources`` attribute and give their
+        T_ℓ with ``transfer(gram, n)``."""
+        found = {getattr(layer, "moment_sources", None) for layer in self.layers}
+        return found.pop() if len(found) == 1 else None
+
     def forward(self, episode: Episode) -> Tensor:
+        """+ŷ (B,): by the moment form when every layer has one, else token by token (:meth:`forward_tokens`)."""
+        sources = self.moment_sources
+        if sources is None:
+            return self.forward_tokens(episode)
+        self._check(episode)
+        gram, q = context_moments(episode, include_query=sources == "all")  # (D, D, B), (D, B)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            T = layer.transfer(gram, episode.n)  # z_{ℓ+1} = z_ℓ T_ℓ for every row
+            q = (q.unsqueeze(1) * T).sum(0)  # q_{ℓ+1} = q_ℓ T_ℓ
+            if i < last:
+                gram = batched_matmul(T.transpose(0, 1), batched_matmul(gram, T))  # G_{ℓ+1} = T_ℓᵀ G_ℓ T_ℓ
+        return self._read_label(q[-1])
+
+    def forward_tokens(self, episode: Episode) -> Tensor:
+        """+ŷ (B,) by running every layer on the (B, n+1, D) prompt, the last on the query row only."""
         self._check(episode)
         z = embed(episode)
         for i, layer in enumerate(self.layers):

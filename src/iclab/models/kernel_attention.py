@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require
-from iclab.models.attention_core import AttentionStack, attention_update
+from iclab.models.attention_core import AttentionStack, attention_update, moment_mix
 
 Activation = Literal["linear", "relu", "exp", "softmax"]
 ACTIVATIONS = ("linear", "relu", "exp", "softmax")
@@ -208,19 +208,14 @@ class KernelAttention(nn.Module):
         ctx = z[:, :n]  # (B, n, D): M drops the query as a source
         if query_only:
             z = z[:, -1:]
-        # Head s: key [B_s, 0] z_i (or Q_s z_i), query [C_s, 0] z_j (or K_s z_j), value V_s z_i; the
-        # label-only value is r_s e_Dᵀ z_i = r_s y_i, a (1, D) map.
-        if self.value == "label":
-            value_maps = nn.functional.pad(self.r_free[:, None, None], (self.d, 0))  # (H, 1, D): [0, r_s]
-        else:
-            value_maps = self.V
+        query_maps, value_maps, key_maps = self._maps()
         out = attention_update(  # (B, T, D or 1); linear heads by associativity, softmax over the n sources
             ctx,
             z,
-            self.K_free if self.qk == "full" else nn.functional.pad(self.C_free, (0, 1)),
+            query_maps,
             value_maps,
             self.activations,
-            key_maps=self.Q_free if self.qk == "full" else nn.functional.pad(self.B_free, (0, 1)),
+            key_maps=key_maps,
             sigma=self.sigma,
             logit_cap=self.exp_logit_cap,
             scale=1.0 / n if self.divide_by_n else 1.0,
@@ -228,6 +223,37 @@ class KernelAttention(nn.Module):
         if self.value == "label":
             return torch.cat([z[..., :-1], z[..., -1:] + out], dim=-1)
         return z + out
+
+    def _maps(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(query maps, value maps, key maps) of :func:`~iclab.models.attention_core.attention_update`.
+
+        Head s: key [B_s, 0] z_i (or Q_s z_i), query [C_s, 0] z_j (or K_s z_j), value V_s z_i; the
+        label-only value is r_s e_Dᵀ z_i = r_s y_i, a (1, D) map.
+        """
+        if self.value == "label":
+            value_maps = nn.functional.pad(self.r_free[:, None, None], (self.d, 0))  # (H, 1, D): [0, r_s]
+        else:
+            value_maps = self.V
+        if self.qk == "full":
+            return self.K_free, value_maps, self.Q_free
+        return nn.functional.pad(self.C_free, (0, 1)), value_maps, nn.functional.pad(self.B_free, (0, 1))
+
+    @property
+    def moment_sources(self) -> str | None:
+        """'context' when every head is linear (the moment form of :mod:`~iclab.models.attention_core`), else None."""
+        return "context" if all(act == "linear" for act in self.activations) else None
+
+    def transfer(self, gram: Tensor, n: int) -> Tensor:
+        """T (D, D, B) with z ← z T for every token when every head is linear: I + the heads' mix
+        (:func:`~iclab.models.attention_core.moment_mix`), in the label column only for ``value='label'``."""
+        if self.moment_sources is None:
+            raise ValueError(f"transfer needs linear heads; this layer has {self.activations}")
+        query_maps, value_maps, key_maps = self._maps()
+        scale = 1.0 / n if self.divide_by_n else 1.0
+        mix = moment_mix(gram, query_maps, value_maps, key_maps=key_maps, scale=scale)  # (D, D or 1, B)
+        if self.value == "label":
+            mix = nn.functional.pad(mix, (0, 0, self.d, 0))  # into the label column
+        return mix + torch.eye(self.D, dtype=mix.dtype, device=mix.device).unsqueeze(-1)
 
 
 class KernelTransformer(AttentionStack):

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require
-from iclab.models.attention_core import AttentionStack, attention_update
+from iclab.models.attention_core import AttentionStack, attention_update, moment_mix
 from iclab.models.attention_core import embed as embed  # re-exported: the prompt of eq. (1)
 
 Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
@@ -224,6 +224,23 @@ class LinearAttention(nn.Module):
         u = v @ self.A.sum(0)  # (B, d): Σ_h A_hᵀ v, as a row
         return y - torch.einsum("btd,bd->bt", x, u)
 
+    @property
+    def moment_sources(self) -> str | None:
+        """The sources ('context' or 'all') when the layer has the moment form (linear scores), else None."""
+        return self.sources if self.activation == "linear" else None
+
+    def transfer(self, gram: Tensor, n: int) -> Tensor:
+        """T (D, D, B) with z ← z T for every token: I + Σ_h Q_hᵀ G P_hᵀ / n (eq. 3-4 in rows).
+
+        ``gram`` (D, D, B): Σ_i c_i c_iᵀ over the sources, batch-last. Without the residual, T is the mix.
+        """
+        if self.moment_sources is None:
+            raise ValueError(f"transfer needs linear scores; this layer has {self.activation!r} scores")
+        mix = moment_mix(gram, self.Q, self.P, scale=1.0 / n)
+        if not self.residual:
+            return mix
+        return mix + torch.eye(self.D, dtype=mix.dtype, device=mix.device).unsqueeze(-1)
+
     def forward(self, z: Tensor, n: int, *, query_only: bool = False) -> Tensor:
         """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources (all T with
         ``sources='all'``); all T are targets. Linear and ReLU scores carry the 1/n factor.
@@ -244,6 +261,16 @@ class LinearAttention(nn.Module):
         scale = 1.0 if self.activation == "softmax" else 1.0 / n
         upd = attention_update(ctx, z, self.Q, self.P, (self.activation,) * self.n_heads, scale=scale)
         return z + upd if self.residual else upd
+
+
+def _label_moments(episode: Episode) -> tuple[Tensor, Tensor, Tensor]:
+    """(XᵀX/n (d, d, B), Xᵀy/n (d, B), x_q (d, B)) over the context, batch-last."""
+    assert episode.y is not None
+    x = episode.x.permute(2, 0, 1)  # (d, B, n)
+    n = episode.n
+    S = torch.einsum("ibn,jbn->ijb", x, x).contiguous() / n
+    v = torch.einsum("ibn,bn->ib", x, episode.y) / n
+    return S, v, episode.x_query.transpose(0, 1).contiguous()
 
 
 class LinearTransformer(AttentionStack):
@@ -275,14 +302,27 @@ class LinearTransformer(AttentionStack):
         )
 
     def forward(self, episode: Episode) -> Tensor:
+        """+ŷ (B,). Eq. (8) in every layer: the label-only moment form below; other linear
+        patterns: the moment form of :class:`AttentionStack`; ReLU/softmax scores: token by token.
+
+        Under eq. (8) the x rows never move, so with S = XᵀX/n, v_ℓ = Xᵀy_ℓ/n (context) and
+        u_ℓ = Σ_h A_hᵀ v_ℓ, a layer is y_j ← y_j − x_jᵀu_ℓ, i.e. v_{ℓ+1} = v_ℓ − S u_ℓ and
+        ŷ-slot ← ŷ-slot − x_qᵀ u_ℓ: O(d²) per prompt and layer, never the n tokens (S, v_0, x_q are
+        memoised on the episode). This is Lemma 1's preconditioned GD, w_{ℓ+1} = w_ℓ − A_ℓ∇, read in
+        the gradient's coordinates.
+        """
         if not all(layer.label_only for layer in self.layers):
             return super().forward(episode)
-        self._check(episode)  # eq. (8): carry the label column only
-        x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
-        y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1), query label 0
-        for layer in self.layers:
-            y = layer.label_update(x, y, episode.n)
-        return self._read(y.unsqueeze(-1))
+        self._check(episode)
+        S, v, xq = episode.memo("label_moments", _label_moments)  # (d, d, B), (d, B), (d, B)
+        last = len(self.layers) - 1
+        slot = torch.zeros_like(xq[0])  # the query's label slot, (B,)
+        for i, layer in enumerate(self.layers):
+            u = layer.A.sum(0).transpose(0, 1) @ v  # (d, B)
+            slot = slot - (xq * u).sum(0)
+            if i < last:
+                v = v - (S * u.unsqueeze(0)).sum(1)
+        return self._read_label(slot)
 
     # --- the matrices theory talks about, stacked over layers ---------------------------
     @property
