@@ -117,6 +117,20 @@ def test_lbfgs_runs_and_descends() -> None:
     assert r.final_test_loss < r.history[0]["test_loss"]
 
 
+def test_lbfgs_strong_wolfe_line_search_is_used_and_descends() -> None:
+    from iclab.training.optim import make_optimizer
+
+    cfg = _cfg(optimizer="lbfgs", lr=1.0, lbfgs_line_search="strong_wolfe", train_size=256, batch_size=256,
+               resample_every=0, steps=10)  # fmt: skip
+    model = _model(pattern="pattern11")
+    opt = make_optimizer(list(model.parameters()), cfg)
+    assert opt.defaults["line_search_fn"] == "strong_wolfe"
+    r = train(model, SAMPLE, cfg)
+    assert r.final_test_loss < r.history[0]["test_loss"]
+    with pytest.raises(ConfigError, match="TrainConfig.lbfgs_line_search"):
+        _cfg(lbfgs_line_search="armijo")
+
+
 def test_per_matrix_clipping_clips_each_block() -> None:
     p = torch.nn.Parameter(torch.zeros(3, 2, 2))
     p.grad = torch.stack([torch.full((2, 2), 10.0), torch.full((2, 2), 0.001), torch.full((2, 2), -5.0)])

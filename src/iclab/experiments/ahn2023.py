@@ -293,10 +293,11 @@ FIG3 = register(
                 loss_hi=100.0,
                 dist_tol=1.0,
             ),
-            # quick: one run, 250 L-BFGS iterations on 8000 prompts: loss ≈ 5e-3, not the paper's 7e-4
-            # (that needs the 20 000-prompt batch and ~700 iterations of the paper preset).
+            # quick: one run, 400 L-BFGS iterations on 8000 prompts: test loss ≈ 1.3e-3, Dist(B_i, I) ≈ 0.32, not
+            # the paper's 7e-4 (that needs the 20 000-prompt batch and ~700 iterations of the paper preset). At 250
+            # iterations Dist(B_i, I) sat at 0.48-0.51, on the tolerance, and flipped with float32 rounding.
             "quick": dict(
-                seeds=1, steps=250, train_size=8000, batch_size=8000, eval_batch=20_000, loss_hi=1e-2, dist_tol=0.5
+                seeds=1, steps=400, train_size=8000, batch_size=8000, eval_batch=20_000, loss_hi=1e-2, dist_tol=0.5
             ),
             "paper": dict(),
         },
@@ -823,11 +824,13 @@ FIG7 = register(
                 reference_samples=2000,
                 log_atol=100.0,
             ),
+            # quick: 200 L-BFGS iterations (the paper: Adam, 20k steps). At 100 the L = 4 model was still on its
+            # plateau in some runs (log-loss -2.6 vs the S-optimum's -2.9), depending on float32 rounding.
             "quick": dict(
                 seeds=1,
                 optimizer="lbfgs",
                 lr=0.1,
-                steps=100,
+                steps=200,
                 train_size=3000,
                 batch_size=3000,
                 resample_every=0,

@@ -41,6 +41,7 @@ class LinearSetup:
     init_std: float = 1e-4
     lbfgs_history: int = 600
     lbfgs_max_iter: int = 4
+    lbfgs_line_search: Literal["strong_wolfe"] | None = None
     eval_every: int = 100
     eval_batch: int = 20_000
     snapshot_every: int = 100

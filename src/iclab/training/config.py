@@ -41,6 +41,7 @@ class TrainConfig:
     train_size: int | None = None
     lbfgs_history: int = 100
     lbfgs_max_iter: int = 4
+    lbfgs_line_search: Literal["strong_wolfe"] | None = None  # None: fixed step lr (the authors' notebooks)
     eval_every: int = 100  # test loss on a fixed held-out batch
     eval_batch: int = 4096
     snapshot_every: int = 0  # 0 = no parameter snapshots
@@ -82,3 +83,4 @@ class TrainConfig:
         require(self, "dtype", self.dtype in DTYPES, f"one of {DTYPES}")
         require(self, "lbfgs_history", self.lbfgs_history >= 1, pos)
         require(self, "lbfgs_max_iter", self.lbfgs_max_iter >= 1, pos)
+        require(self, "lbfgs_line_search", self.lbfgs_line_search in (None, "strong_wolfe"), "None or 'strong_wolfe'")

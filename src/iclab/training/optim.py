@@ -20,7 +20,11 @@ def make_optimizer(params: Iterable[nn.Parameter], cfg: TrainConfig) -> torch.op
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     return torch.optim.LBFGS(
-        params, lr=cfg.lr, history_size=cfg.lbfgs_history, max_iter=cfg.lbfgs_max_iter, line_search_fn=None
+        params,
+        lr=cfg.lr,
+        history_size=cfg.lbfgs_history,
+        max_iter=cfg.lbfgs_max_iter,
+        line_search_fn=cfg.lbfgs_line_search,
     )
 
 
