@@ -177,3 +177,8 @@ def test_moments_are_memoised_until_the_data_changes_in_place() -> None:
     ep_grad = type(ep)(x=x, x_query=ep.x_query, y=ep.y)
     model(ep_grad).sum().backward()
     assert x.grad is not None and "_memo" not in ep_grad.__dict__
+    ep_new = type(ep)(x=ep.x.clone(), x_query=ep.x_query, y=ep.y)
+    with torch.inference_mode():  # evaluated in inference mode first, trained on afterwards
+        model(ep_new)
+    model(ep_new).sum().backward()
+    assert "_memo" in ep_new.__dict__

@@ -134,11 +134,12 @@ class Episode:
         trainer reusing a batch for ``resample_every`` steps). The entry is keyed by ``key`` and by the
         version counters of x, x_query, y and labels, so an in-place change to any of them (or to a view
         of them) recomputes it. Nothing is stored when an input requires grad (the statistics must stay
-        in that graph) or under ``torch.func`` transforms (vmap's tensors are rebuilt every call).
+        in that graph), under ``torch.func`` transforms (vmap's tensors are rebuilt every call) or in
+        ``torch.inference_mode`` (its tensors could not be used by a later training step).
         """
         tensors = [t for t in (self.x, self.x_query, self.y, self.labels) if t is not None]
-        if any(t.requires_grad or is_functorch_wrapped_tensor(t) for t in tensors):
-            return compute(self)
+        if torch.is_inference_mode_enabled() or any(t.requires_grad or is_functorch_wrapped_tensor(t) for t in tensors):
+            return compute(self)  # inference tensors could not enter a later autograd graph
         stamp = tuple(t._version for t in tensors)
         cache = self.__dict__.setdefault("_memo", {})  # not a field: no effect on ==, repr or replace()
         hit = cache.get(key)
