@@ -68,3 +68,27 @@ def test_check_helper() -> None:
     assert not check("x", 1.0, expected=1.5, rtol=0.1).passed
     assert check("x", 0.5, lo=0.0, hi=1.0).passed and not check("x", 2.0, hi=1.0).passed
     assert not check("x", float("nan"), hi=1.0).passed
+
+
+def test_fig3_projection_onto_S_is_exact_on_S_and_lowers_an_off_S_loss() -> None:
+    """ahn2023 Fig. 3's projection claim: a model already in Thm 4's S is its own projection (equal
+    losses on common prompts), and perturbing one A_i off S never beats its projection on average here."""
+    import torch
+
+    from iclab.core.seeding import generator
+    from iclab.experiments.ahn2023 import Fig3Config, _projected_onto_S
+    from iclab.tasks import LinearRegression
+
+    task = LinearRegression.random_rotation(generator=generator(0))
+    Sigma = task.Sigma.to(torch.float64)
+    inv, eye = torch.linalg.inv(Sigma), torch.eye(5, dtype=torch.float64)
+    # the spec's S-optimum basin (code sign, 1/n scaling): a ≈ (−0.39, −3.21, −8.49), b with a_i b_i < 0
+    A = torch.stack([a * inv for a in (-0.39, -3.21, -8.49)])
+    B = torch.stack([b * eye for b in (0.9, 0.57, 0.0)])
+    cfg = Fig3Config(projection_samples=20_000)
+    trained, projected = _projected_onto_S({"Sigma": Sigma, "A": A[None], "B": B[None]}, cfg)
+    assert abs(projected / trained - 1) < 1e-12
+    off = A.clone()
+    off[1] = off[1] + 0.3 * torch.randn(5, 5, generator=generator(1), dtype=torch.float64)
+    trained, projected = _projected_onto_S({"Sigma": Sigma, "A": off[None], "B": B[None]}, cfg)
+    assert projected < trained
