@@ -5,7 +5,8 @@
 
 Prints ms per Adam step (forward, backward, global clip, update), the FLOPs of a step counted by
 ``FlopCounterMode`` (matmul-family ops), achieved GFLOP/s against this machine's measured float32
-matmul peak (``iclab.bench.matmul_peak``), and the sampling time of a batch. The attention uses the
+matmul peak (``iclab.bench.matmul_peak``) and against the rate of the model's own 13-wide matmul shapes
+(``iclab.bench.token_matmul_peak``: a roofline at shape), and the sampling time of a batch. The attention uses the
 associative O(n·D²) form of :class:`~iclab.models.LinearAttention`. Results go to docs/performance.md.
 """
 
@@ -17,7 +18,7 @@ import json
 import torch
 
 from iclab import models, tasks
-from iclab.bench import matmul_peak, measure_step, timeit
+from iclab.bench import matmul_peak, measure_step, timeit, token_matmul_peak
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.seeding import generator
 from iclab.training.trainer import mse_loss
@@ -31,6 +32,7 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     ep = task.sample(batch, n, generator=generator(1, dev))
     peak = matmul_peak(dev, repeats=repeats)
+    shape_peak = token_matmul_peak(dev, batch=batch, tokens=n + 1, width=cfg.d_bar + 1, repeats=repeats)
     r = measure_step(lambda: mse_loss(model, ep), opt, clip=1.0, clip_mode="global", device=dev, items=batch,
                      per="prompts", repeats=repeats, warmup=1)  # fmt: skip
     flops, sec = r["gflop_per_step"] * 1e9, r["ms_per_step"] / 1e3
@@ -44,6 +46,9 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
         "achieved_gflops": round(flops / sec / 1e9, 2),
         "flop_bound_ms": round(flops / (peak * 1e9) * 1e3, 1),
         "x_flop_bound": round(sec / (flops / (peak * 1e9)), 1),
+        "token_matmul_peak_gflops": round(shape_peak, 1),
+        "shape_bound_ms": round(flops / (shape_peak * 1e9) * 1e3, 1),
+        "x_shape_bound": round(sec / (flops / (shape_peak * 1e9)), 1),
         "data_ms": round(data * 1e3, 1),
     }
 

@@ -141,6 +141,59 @@ def test_non_linear_scores_have_no_moment_form() -> None:
         relu.transfer(torch.zeros(4, 4, 2), 5)
 
 
+@pytest.mark.parametrize("case", _LINEAR_CASES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+@pytest.mark.parametrize("query_only", [False, True])
+def test_moment_layer_equals_the_layer_on_tokens(case: dict, query_only: bool) -> None:
+    """One layer as z ↦ z T(G) (the bilinear model's path) = the layer's token pass, values and every gradient."""
+    from conftest import rel_diff
+    from iclab.models.attention_core import embed, moment_layer
+    from iclab.models.linear_attention import LinearAttention
+
+    case = {k: v for k, v in case.items() if k != "readout"}
+    layer = LinearAttention(4, init_std=0.3, generator=generator(1), **case).double()
+    ep = _regression_episode()
+    z = (embed(ep) + 0.1 * torch.randn(48, 10, 5, generator=generator(4), dtype=F64)).requires_grad_()
+    got, want = moment_layer(layer, z, ep.n, query_only=query_only), layer(z, ep.n, query_only=query_only)
+    assert got.shape == want.shape and rel_diff(got, want) < 1e-12
+    w = torch.randn(want.shape, generator=generator(5), dtype=F64)  # a generic output gradient
+    inputs = [z, *layer.parameters()]
+    for a, b in zip(
+        torch.autograd.grad((got * w).sum(), inputs), torch.autograd.grad((want * w).sum(), inputs), strict=True
+    ):
+        assert rel_diff(a, b) < 1e-11
+
+
+def test_prefix_gram_to_second_order_and_under_vmap() -> None:
+    from iclab.models.attention_core import prefix_gram
+
+    g = generator(6)
+    z = torch.randn(3, 6, 4, generator=g, dtype=F64, requires_grad=True)
+    assert_close(prefix_gram(z, 4), z[:, :4].mT @ z[:, :4])
+    assert torch.autograd.gradcheck(lambda t: prefix_gram(t, 4), (z,))
+    assert torch.autograd.gradgradcheck(lambda t: prefix_gram(t, 4), (z,))
+    assert torch.autograd.gradcheck(lambda t: prefix_gram(t, 6), (z,))  # every token a source
+    zs = torch.randn(5, 3, 6, 4, generator=g, dtype=F64)
+    grads = torch.func.vmap(torch.func.grad(lambda t: prefix_gram(t, 4).square().sum()))(zs)
+    want = torch.func.vmap(torch.func.grad(lambda t: (t[:, :4].mT @ t[:, :4]).square().sum()))(zs)
+    assert_close(grads, want)
+    # a batch-last upstream gradient (strides (1, ·, ·)) gives the same result as a contiguous one
+    G = prefix_gram(z, 4)
+    up = torch.randn(4, 4, 3, generator=g, dtype=F64).permute(2, 0, 1)
+    (a,) = torch.autograd.grad(G, z, up, retain_graph=True)
+    (b,) = torch.autograd.grad(G, z, up.contiguous())
+    assert_close(a, b)
+
+
+def test_moment_layer_needs_linear_scores() -> None:
+    from iclab.models.attention_core import moment_layer
+    from iclab.models.linear_attention import LinearAttention
+
+    with pytest.raises(ValueError, match="moment_layer needs a linear-score layer"):
+        moment_layer(LinearAttention(3, pattern="full", activation="relu"), torch.zeros(2, 5, 4), 4)
+    with pytest.raises(ValueError, match="token_transfer needs linear scores"):
+        LinearAttention(3, pattern="full", activation="softmax").token_transfer(torch.zeros(2, 4, 4), 4)
+
+
 def test_batched_matmul_is_the_per_prompt_product_to_second_order() -> None:
     from iclab.models.attention_core import batched_matmul
 

@@ -16,3 +16,24 @@ def test_training_step_reports_both_passes(pattern: str) -> None:
     assert r["ms_per_step"] > 0 and r["token_ms_per_step"] > 0
     # the moment form does fewer matmul FLOPs per step than the token pass it replaces
     assert r["gflop_per_step"] < r["model_gflop_per_step"]
+
+
+def test_token_matmul_peak_counts_the_four_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from iclab import bench
+
+    calls: list[float] = []
+    real = bench.timeit
+
+    def count(fn, **kw):  # type: ignore[no-untyped-def]
+        with FlopCounterMode(display=False) as fc:
+            fn()
+        calls.append(fc.get_total_flops())
+        return real(fn, **kw)
+
+    monkeypatch.setattr(bench, "timeit", count)
+    rate = bench.token_matmul_peak(torch.device("cpu"), batch=8, tokens=11, width=5, repeats=1)
+    # the FLOPs the rate is computed from are the FLOPs the timed function really does
+    assert calls == [4 * 2 * 8 * 11 * 5 * 5]
+    assert 0 < rate < float("inf")

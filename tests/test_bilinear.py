@@ -196,3 +196,32 @@ def test_identity_init_starts_every_block_as_the_identity(ffn: str) -> None:
     (model.predict(ep) - ep.y_query).pow(2).mean().backward()
     grads = [a.parametrizations.P_free.original.grad if ffn == "sparse_strict" else a.P_free.grad for a in model.attn]
     assert all(g is not None and g.abs().max() > 0 for g in grads)  # P moves at step 1; W_1, Q follow at step 2
+
+
+def test_bilinear_residual_is_eq3_in_rows_to_second_order_and_under_vmap() -> None:
+    """The fused FFN (one GEMM for both maps, a three-pass backward) = z + (z W_0ᵀ) ⊙ (z W_1ᵀ), any order."""
+    from iclab.models.bilinear import bilinear_residual
+
+    g = iclab.generator(11)
+    z = torch.randn(3, 7, 5, generator=g, dtype=F64, requires_grad=True)
+    W0, W1 = (torch.randn(5, 5, generator=g, dtype=F64, requires_grad=True) for _ in range(2))
+
+    def literal(z, W0, W1):  # type: ignore[no-untyped-def]
+        return z + (z @ W0.T) * (z @ W1.T)
+
+    out = bilinear_residual(z, W0, W1)
+    assert (out - literal(z, W0, W1)).abs().max() < 1e-12
+    assert torch.autograd.gradcheck(bilinear_residual, (z, W0, W1))
+    assert torch.autograd.gradgradcheck(bilinear_residual, (z, W0, W1))
+    # a generic output gradient, against autograd through the literal formula
+    w = torch.randn(out.shape, generator=g, dtype=F64)
+    for a, b in zip(
+        torch.autograd.grad((out * w).sum(), (z, W0, W1)),
+        torch.autograd.grad((literal(z, W0, W1) * w).sum(), (z, W0, W1)),
+        strict=True,
+    ):
+        assert (a - b).abs().max() < 1e-12
+    zs = torch.randn(4, 3, 7, 5, generator=g, dtype=F64)
+    got = torch.func.vmap(torch.func.grad(lambda t: bilinear_residual(t, W0, W1).square().sum()))(zs)
+    want = torch.func.vmap(torch.func.grad(lambda t: literal(t, W0, W1).square().sum()))(zs)
+    assert (got - want).abs().max() < 1e-10

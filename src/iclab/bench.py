@@ -53,6 +53,34 @@ def matmul_peak(device: torch.device, size: int = 2048, dtype: torch.dtype = tor
     return 2 * size**3 / sec / 1e9
 
 
+def token_matmul_peak(
+    device: torch.device, *, batch: int, tokens: int, width: int, dtype: torch.dtype = torch.float32, repeats: int = 5
+) -> float:
+    """Measured GFLOP/s of the matmul shapes of a token-wise model of ``width``-wide tokens (a roofline at shape).
+
+    A square 2048² product is the machine's peak, but a model whose every product has an inner or outer
+    dimension of ``width`` (≈ 13) cannot reach it: the GEMM does ``width`` FLOPs per element it moves. This
+    times, back to back, the four shapes such a model runs — a shared weight on every token (B·T, D)·(D, D),
+    its weight gradient (D, B·T)·(B·T, D), a per-prompt map (B, T, D)·(B, D, D) and a per-prompt Gram
+    (B, D, T)·(B, T, D) — and returns their FLOPs over their time: the best rate the model's FLOPs can run at.
+    """
+    g = generator(0, device)
+    x = torch.randn(batch, tokens, width, generator=g, device=device, dtype=dtype)
+    y = torch.randn_like(x)
+    w = torch.randn(width, width, generator=g, device=device, dtype=dtype)
+    t = torch.randn(batch, width, width, generator=g, device=device, dtype=dtype)
+    flat, flat_y = x.view(-1, width), y.view(-1, width)
+
+    def shapes() -> None:
+        flat @ w
+        flat.T @ flat_y
+        torch.bmm(x, t)
+        torch.bmm(x.transpose(1, 2), y)
+
+    sec = timeit(shapes, device=device, repeats=repeats)
+    return 4 * 2 * batch * tokens * width * width / sec / 1e9
+
+
 def measure_step(
     loss: Callable[[], torch.Tensor],
     optimizer: torch.optim.Optimizer,

@@ -38,6 +38,17 @@ from iclab.core.errors import ShapeError, require, require_shape
 from iclab.core.kernels import INNER_PRODUCT_KERNELS, gram
 
 
+def linear_mix(
+    gram: Tensor, query_maps: Tensor, value_maps: Tensor, *, key_maps: Tensor | None = None, scale: float = 1.0
+) -> Tensor:
+    """scale · Σ_h W_{Q,h}ᵀ W_{K,h} G W_{V,h}ᵀ for every prompt, (B, D_t, e), from the sources' Gram matrix
+    G = Σ_i s_i s_iᵀ (B, D_s, D_s): the linear heads' map t_j ↦ t_j · mix (maps as in :func:`attention_update`).
+    Batch-first; :func:`moment_mix` is the batch-last twin for the (D, D, B) moment form."""
+    KQ = query_maps if key_maps is None else key_maps.transpose(-1, -2) @ query_maps  # (h, D_s, D_t): W_Kᵀ W_Q
+    mix = torch.einsum("hst,bsu,heu->bte", KQ, gram, value_maps)
+    return mix * scale if scale != 1.0 else mix  # on (B, D_t, e), not on a (B, T, e) output
+
+
 def attention_update(
     sources: Tensor,
     targets: Tensor,
@@ -88,10 +99,7 @@ def attention_update(
         if act == "linear":
             if gram_matrix is None:
                 gram_matrix = sources.transpose(1, 2) @ sources  # (B, D_s, D_s)
-            KQ = Wq if Wk is None else Wk.transpose(-1, -2) @ Wq  # (h, D_s, D_t): W_Kᵀ W_Q
-            mix = torch.einsum("hst,bsu,heu->bte", KQ, gram_matrix, Wv)  # (B, D_t, e): Σ_h W_Qᵀ W_K G W_Vᵀ
-            if scale != 1.0:
-                mix = mix * scale  # on (B, D_t, e), not on the (B, T, e) output
+            mix = linear_mix(gram_matrix, Wq, Wv, key_maps=Wk, scale=scale)  # (B, D_t, e)
             # einsum rather than ``targets @ mix``: for (B, T, D)·(B, D, D) with D ~ 10 it picks a batched GEMM
             # layout ~2× faster on CPU (benchmarks/bench_bilinear.py)
             part = torch.einsum("btd,bde->bte", targets, mix)
@@ -159,6 +167,61 @@ def batched_matmul(X: Tensor, Y: Tensor) -> Tensor:
     """X_b Y_b for every prompt b: (i, j, B) × (j, k, B) -> (i, k, B), batch-last. Differentiable
     to any order (the backward is built from this function)."""
     return _BatchedMatmul.apply(X, Y)
+
+
+class _PrefixGram(torch.autograd.Function):
+    """G_b = Σ_{i<m} z_{b,i} z_{b,i}ᵀ, (B, T, D) -> (B, D, D); backward dz = z (dG + dGᵀ) in one product.
+
+    Autograd through ``c.mT @ c`` with c = z[:, :m] does two products, adds them and scatters the sum into a
+    zero-filled (B, T, D) tensor: four passes over the activations where one suffices.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z: Tensor, m: int) -> Tensor:  # type: ignore[override]
+        c = z[:, :m]
+        return c.transpose(1, 2) @ c
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, int], output: Tensor) -> None:
+        ctx.save_for_backward(inputs[0])
+        ctx.m = inputs[1]
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+        (z,) = ctx.saved_tensors
+        # contiguous: a grad that arrives batch-last (strides (1, ·, ·)) sends bmm to a per-prompt loop (~100×)
+        sym = (grad + grad.transpose(1, 2)).contiguous()
+        dz = z @ sym  # every row; the m sources' are the gradient
+        if ctx.m < z.shape[1]:
+            dz[:, ctx.m :] = 0.0  # the targets that are not sources
+        return dz, None
+
+
+def prefix_gram(z: Tensor, m: int) -> Tensor:
+    """Σ_{i<m} z_i z_iᵀ for every prompt: (B, T, D) -> (B, D, D), the sources' Gram matrix of a layer whose
+    sources are the first ``m`` tokens. Differentiable to any order, vmap-safe."""
+    return _PrefixGram.apply(z, m)
+
+
+def moment_layer(layer: nn.Module, z: Tensor, n: int, *, query_only: bool = False) -> Tensor:
+    """One linear-attention layer in the moment form on the tokens: z ↦ z T, T = ``layer.token_transfer(G, n)``.
+
+    The same numbers as ``layer(z, n, query_only=...)`` (:class:`~iclab.models.LinearAttention` with linear
+    scores), computed as one Gram product G = Σ_sources z_i z_iᵀ, a (D, D) map per prompt and one product with
+    the targets, the residual folded into T: the backward has two products and one add over the (B, T, D)
+    tokens, where autograd through the token pass has four products, three adds and a scatter. For models
+    whose tokens go through non-linear maps between the attention layers (the bilinear FFNs of
+    :class:`~iclab.models.BilinearTransformer`), where :meth:`AttentionStack.forward` cannot carry (G, q).
+    (B, T, D) -> (B, T, D), or (B, 1, D) with ``query_only``.
+    """
+    sources = getattr(layer, "moment_sources", None)
+    if sources is None or not hasattr(layer, "token_transfer"):
+        raise ValueError(f"moment_layer needs a linear-score layer with token_transfer; got {type(layer).__name__}")
+    gram_matrix = prefix_gram(z, n if sources == "context" else z.shape[1])  # (B, D, D)
+    T = layer.token_transfer(gram_matrix, n)  # (B, D, D)
+    return torch.bmm(z[:, -1:] if query_only else z, T)
 
 
 def moment_mix(

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -48,6 +48,7 @@ from torch.nn.utils import parametrize
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require
+from iclab.models.attention_core import moment_layer
 from iclab.models.linear_attention import LinearAttention
 
 FFN = Literal["dense", "sparse", "sparse_strict", "none"]
@@ -138,7 +139,54 @@ class BilinearFFN(nn.Module):
         """
         pad = (0, z.shape[-1] - self.d_bar, 0, z.shape[-1] - self.d_bar)
         W0, W1 = nn.functional.pad(self.W0, pad), nn.functional.pad(self.W1, pad)  # (d̄+1, d̄+1)
-        return z + (z @ W0.T) * (z @ W1.T)
+        return bilinear_residual(z, W0, W1)
+
+
+class _BilinearResidual(torch.autograd.Function):
+    """z + (z W_0ᵀ) ⊙ (z W_1ᵀ) with both maps in one product and a backward of three passes.
+
+    Forward: [b | a] = z [W_1; W_0]ᵀ (one (N, D)·(D, 2D) GEMM), then addcmul. Backward, with g the output
+    gradient: [g⊙b | g⊙a] = [∂a | ∂b] in one multiply, ∂z = g + [∂a | ∂b] [W_0; W_1] (one GEMM with the
+    add fused), ∂[W_0; W_1] = [∂a | ∂b]ᵀ z. Plain autograd does two GEMMs forward, two multiplies, four GEMMs
+    and three adds over the (B, T, D) activations backward. [b | a] is kept from the forward (a second,
+    non-differentiable output); under ``create_graph`` it is recomputed from z, so that the backward is
+    itself differentiable and the function is exact to any order.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z: Tensor, W0: Tensor, W1: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        D = W0.shape[0]
+        ba = z @ torch.cat([W1, W0]).transpose(0, 1)  # (..., 2D): [z W_1ᵀ | z W_0ᵀ]
+        return torch.addcmul(z, ba[..., D:], ba[..., :D]), ba
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor], output: tuple[Tensor, Tensor]) -> None:
+        z, W0, W1 = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # no zero-filled gradient for the second output
+        ctx.save_for_backward(z, W0, W1, output[1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+        if grad is None:  # y unused (only with set_materialize_grads(False))
+            return None, None, None  # type: ignore[return-value]
+        z, W0, W1, ba = ctx.saved_tensors
+        D = W0.shape[0]
+        if torch.is_grad_enabled():  # create_graph: [b | a] as a function of z, W for the next derivative
+            ba = z @ torch.cat([W1, W0]).transpose(0, 1)
+        d_ab = (grad.unsqueeze(-2) * ba.unflatten(-1, (2, D))).flatten(-2)  # [g⊙b | g⊙a] = [∂a | ∂b]
+        flat = d_ab.reshape(-1, 2 * D)
+        dz = torch.addmm(grad.reshape(-1, D), flat, torch.cat([W0, W1])).view_as(grad)
+        dW = flat.transpose(0, 1) @ z.reshape(-1, D)  # (2D, D): [∂W_0; ∂W_1]
+        return dz, dW[:D], dW[D:]
+
+
+def bilinear_residual(z: Tensor, W0: Tensor, W1: Tensor) -> Tensor:
+    """z + (z W_0ᵀ) ⊙ (z W_1ᵀ) for tokens z (..., D) and (D, D) maps: eq. (3) in rows (the label's row and
+    column of W_0, W_1 zero). Differentiable to any order."""
+    return _BilinearResidual.apply(z, W0, W1)[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -240,7 +288,7 @@ class BilinearTransformer(nn.Module):
             z = z * self._label_scaling(z)  # Z′ = SZ
         states = [z]
         for layer in self.sublayers():
-            z = layer(z, episode.n) if isinstance(layer, LinearAttention) else layer(z)
+            z = moment_layer(layer, z, episode.n) if isinstance(layer, LinearAttention) else layer(z)
             if keep:
                 states.append(z)
         if s != 1.0:  # back to the paper's Z = S⁻¹Z′

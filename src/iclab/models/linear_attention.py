@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require
-from iclab.models.attention_core import AttentionStack, attention_update, moment_mix
+from iclab.models.attention_core import AttentionStack, attention_update, linear_mix, moment_mix
 from iclab.models.attention_core import embed as embed  # re-exported: the prompt of eq. (1)
 
 Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
@@ -240,6 +240,13 @@ class LinearAttention(nn.Module):
         if not self.residual:
             return mix
         return mix + torch.eye(self.D, dtype=mix.dtype, device=mix.device).unsqueeze(-1)
+
+    def token_transfer(self, gram: Tensor, n: int) -> Tensor:
+        """:meth:`transfer` batch-first: T (B, D, D) from G (B, D, D), for :func:`~iclab.models.attention_core.moment_layer`."""
+        if self.moment_sources is None:
+            raise ValueError(f"token_transfer needs linear scores; this layer has {self.activation!r} scores")
+        mix = linear_mix(gram, self.Q, self.P, scale=1.0 / n)
+        return mix + torch.eye(self.D, dtype=mix.dtype, device=mix.device) if self.residual else mix
 
     def forward(self, z: Tensor, n: int, *, query_only: bool = False) -> Tensor:
         """(B, T, D) -> (B, T, D). The first ``n`` tokens are the sources (all T with
