@@ -7,19 +7,22 @@ Prints ms per Adam step (forward, backward, global clip, update), the FLOPs of a
 ``FlopCounterMode`` (matmul-family ops), achieved GFLOP/s against this machine's measured float32
 matmul peak (``iclab.bench.matmul_peak``) and against the rate of the model's own 13-wide matmul shapes
 (``iclab.bench.token_matmul_peak``: a roofline at shape), and the sampling time of a batch. The attention uses the
-associative O(n·D²) form of :class:`~iclab.models.LinearAttention`. Results go to docs/performance.md.
+associative O(n·D²) form of :class:`~iclab.models.LinearAttention`. Writes
+benchmarks/results/bench-bilinear-<device>.json; the numbers are discussed in docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
 from iclab import models, tasks
 from iclab.bench import matmul_peak, measure_step, timeit, token_matmul_peak
 from iclab.core.devices import resolve_device, tune_cpu_allocator
+from iclab.core.io import atomic_write_json
 from iclab.core.seeding import generator
 from iclab.training.trainer import mse_loss
 
@@ -61,4 +64,6 @@ if __name__ == "__main__":
     ap.add_argument("--no-tune-allocator", action="store_true", help="leave glibc malloc at its defaults")
     a = ap.parse_args()
     tuned = not a.no_tune_allocator and tune_cpu_allocator()
-    print(json.dumps({**bench(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}, indent=2))
+    out = {**bench(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}
+    print(json.dumps(out, indent=2))
+    atomic_write_json(Path(__file__).parent / "results" / f"bench-bilinear-{resolve_device(a.device).type}.json", out)

@@ -253,6 +253,14 @@ def test_bad_input_is_rejected() -> None:
     m = CategoricalTransformer(CategoricalTransformerConfig(num_classes=3)).double()
     with pytest.raises(ConfigError, match=r"CategoricalTransformer.labels must be in \[0, C = 3\)"):
         m.predict(ep)
+    ok = CategoricalTransformer(CategoricalTransformerConfig(num_classes=25)).double()
+    bad_query = Episode(x=ep.x, x_query=ep.x_query, labels=ep.labels, label_query=torch.tensor([3, 25]))
+    with pytest.raises(
+        ConfigError, match=r"CategoricalTransformer.label_query must be in \[0, C = 25\); got 'values in \[3, 25\]'"
+    ):
+        ok.predict(bad_query)
+    with pytest.raises(ConfigError, match=r"SingleStepCategorical.label_query must be in \[0, C = 25\)"):
+        SingleStepCategorical(CategoricalTransformerConfig(num_classes=25)).double().predict(bad_query)
     with pytest.raises(ConfigError, match="CategoricalTransformerConfig.num_classes must be an int >= 2"):
         CategoricalTransformerConfig(num_classes=1)
     with pytest.raises(ConfigError, match="CategoricalTransformerConfig.kernel must be one of"):

@@ -17,6 +17,7 @@ from iclab.tasks.image_episodes import (
     _load_digits,
     digits_episodes,
     digits_features,
+    feature_file_episodes,
 )
 
 
@@ -161,3 +162,47 @@ def test_shape_validation_property(N: int, F: int, extra: int, ways: int) -> Non
     else:
         with pytest.raises(ConfigError, match=r"FeatureEpisodes\.(labels|ways|classes|shots)"):
             FeatureEpisodes(feats, labels, ways=ways, shots=1)
+
+
+def _feature_file(path, num_classes: int = 10, per_class: int = 12, F: int = 7, **extra) -> np.ndarray:
+    labels = np.repeat(np.arange(num_classes), per_class)
+    feats = np.random.default_rng(0).normal(size=(labels.size, F))
+    np.savez(path, features=feats, labels=labels, **extra)
+    return feats
+
+
+def test_feature_file_episodes_split_classes_and_plug_in(tmp_path) -> None:
+    """A user's .npz (say VGG16 features of ImageNet) gives disjoint train/test episodes: by id (the largest
+    ⌈0.1·K⌉ ids test, the paper's 900 / 100) or by the file's own class lists; episodes carry the file's rows."""
+    feats = _feature_file(tmp_path / "f.npz", num_classes=20)
+    train, test = feature_file_episodes(tmp_path / "f.npz", ways=2, shots=3)
+    assert train.classes.tolist() == list(range(18)) and test.classes.tolist() == [18, 19]
+    feats = _feature_file(tmp_path / "g.npz")
+    np.savez(
+        tmp_path / "g.npz",
+        **dict(np.load(tmp_path / "g.npz")),
+        train_classes=[0, 1, 2, 3, 4],
+        test_classes=[5, 6, 7, 8, 9],
+    )
+    train, test = feature_file_episodes(tmp_path / "g.npz", ways=5, shots=10)
+    ep = test.sample(4, 50, generator=iclab.generator(0), dtype=torch.float64)
+    assert ep.x.shape == (4, 50, 7) and set(ep.task["classes"].flatten().tolist()) <= {5, 6, 7, 8, 9}
+    rows = torch.from_numpy(feats)
+    assert all(bool((rows == v).all(-1).any()) for v in ep.x.reshape(-1, 7))  # every context row is a file row
+
+
+def test_feature_file_errors_name_the_problem(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="feature_file_episodes.path must be an existing .npz file"):
+        feature_file_episodes(tmp_path / "missing.npz")
+    np.savez(tmp_path / "nolabels.npz", features=np.zeros((3, 2)))
+    with pytest.raises(ConfigError, match=r"arrays 'features' \(N, F\) and 'labels' \(N,\); got .*\['labels'\]"):
+        feature_file_episodes(tmp_path / "nolabels.npz")
+    _feature_file(tmp_path / "overlap.npz", train_classes=[0, 1, 2], test_classes=[2, 3])
+    with pytest.raises(ConfigError, match=r"test_classes must be disjoint from train_classes; got 'shared ids \[2\]'"):
+        feature_file_episodes(tmp_path / "overlap.npz", ways=2, shots=3)
+    _feature_file(tmp_path / "half.npz", train_classes=[0, 1])
+    with pytest.raises(ConfigError, match="both 'train_classes' and 'test_classes', or neither"):
+        feature_file_episodes(tmp_path / "half.npz")
+    _feature_file(tmp_path / "few.npz", per_class=5)
+    with pytest.raises(ConfigError, match="FeatureEpisodes.shots must be an int <= .examples per class. − 1"):
+        feature_file_episodes(tmp_path / "few.npz", ways=2, shots=10)

@@ -111,6 +111,19 @@ def test_bad_input(kwargs: dict, match: str) -> None:
         tasks.PolynomialRegression(**kwargs)
 
 
+def test_monomial_set_names_its_caller() -> None:
+    """A bad monomial set given to FeatureLeastSquares is reported as its own field, not PolynomialRegression's."""
+    ep = tasks.quadratic(3).sample(4, 5, generator=iclab.generator(0), dtype=F64)
+    with pytest.raises(ConfigError, match=r"^FeatureLeastSquares\.monomials must be one of .*got 'cubic'"):
+        iclab.algorithms.FeatureLeastSquares("cubic").predict(ep)
+    with pytest.raises(ConfigError, match=r"^FeatureLeastSquares\.d must be 4 for monomials='sparse_cubic'.*got 3"):
+        iclab.algorithms.FeatureLeastSquares("sparse_cubic").predict(ep)
+    with pytest.raises(ConfigError, match=r"^FeatureLeastSquares\.monomials must be a degree >= 0; got -2"):
+        iclab.algorithms.FeatureLeastSquares(-2).predict(ep)
+    with pytest.raises(ConfigError, match=r"^PolynomialRegression\.monomials must be one of"):
+        tasks.polynomial.monomial_set(3, "cubic")  # the default owner
+
+
 def test_bad_batch_or_n() -> None:
     with pytest.raises(ConfigError, match=r"PolynomialRegression.n must be an int >= 1"):
         tasks.quadratic(2).sample(4, 0, generator=iclab.generator(0))

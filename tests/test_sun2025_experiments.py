@@ -1,4 +1,5 @@
-"""sun2025.linear_depth (spec 003 claim 8) and sun2025.order_ablation (claim 20) run at smoke and check their claims."""
+"""sun2025.linear_depth (spec 003 claim 8) and sun2025.order_ablation (claim 20) run at smoke and check their claims;
+the sun2025 configs reject bad values; every claim function passes on good synthetic rows and fails on bad ones."""
 
 from __future__ import annotations
 
@@ -10,12 +11,25 @@ import torch
 import iclab
 from iclab import models, tasks
 from iclab.experiments import run_experiment
+from iclab.experiments.registry import RunContext
 from iclab.experiments.sun2025 import (
+    BilinearSetup,
+    ConstructionsConfig,
+    Fig1Config,
+    Fig2Config,
+    Fig3Config,
+    Fig4Config,
     LinearDepthConfig,
     OrderAblationConfig,
+    Theorem5Config,
     affine_oracle_gap,
+    claims_fig1,
+    claims_fig2,
+    claims_fig4,
     claims_linear_depth,
     claims_order_ablation,
+    claims_theorem5,
+    train_bilinear,
 )
 from iclab.theory import polynomial_features as pf
 
@@ -106,3 +120,198 @@ def test_attention_first_last_ffn_never_reaches_the_read_out() -> None:
     with torch.no_grad():
         model.ffn[-1].W0_free.mul_(5.0)
     torch.testing.assert_close(model.predict(ep), after_first, rtol=1e-12, atol=1e-12)  # ... the last one does not
+
+
+# --------------------------------------------------------------------------------------------
+# Config validation (every bad value is rejected before any model trains)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "match"),
+    [
+        (BilinearSetup, dict(n=0), r"BilinearSetup\.n must be an int >= 1 .*got 0"),
+        (BilinearSetup, dict(d=0), r"BilinearSetup\.d must be an int >= 1; got 0"),
+        (BilinearSetup, dict(seeds=0), r"BilinearSetup\.seeds must be an int >= 1; got 0"),
+        (
+            BilinearSetup,
+            dict(test_ns=(0,)),
+            r"BilinearSetup\.test_ns must be a tuple of at least 1 distinct int\(s\) >= 1; got \(0,\)",
+        ),
+        (BilinearSetup, dict(test_ns=()), r"BilinearSetup\.test_ns must be"),
+        (BilinearSetup, dict(test_batch=1), r"BilinearSetup\.test_batch must be an int >= 2"),
+        (BilinearSetup, dict(d=3, d_bar=3), r"BilinearSetup\.d_bar must be an int >= 4 for d = 3.*got 3"),
+        (Fig1Config, dict(ds=(3, 12)), r"Fig1Config\.d_bar must be an int >= 13 for d = 12.*got 12"),
+        (Fig1Config, dict(ds=()), r"Fig1Config\.ds must be"),
+        (Fig1Config, dict(ds=(3, 3)), r"Fig1Config\.ds must be a tuple of at least 1 distinct"),
+        (Fig1Config, dict(blocks=(0, 2)), r"Fig1Config\.blocks must be .*got \(0, 2\)"),
+        (Fig1Config, dict(test_ns=(0,)), r"Fig1Config\.test_ns must be"),
+        (Fig1Config, dict(margin=0.0), r"Fig1Config\.margin must be a float > 0"),
+        (Fig2Config, dict(d_bar=5), r"Fig2Config\.d_bar must be an int >= 6 for d = 4"),  # sparse FFNs: d + 2
+        (Fig2Config, dict(variants=("dense", "linear")), r"Fig2Config\.variants must be"),
+        (Fig3Config, dict(d=4, d_bar=14), r"Fig3Config\.d_bar must be an int >= C\(d\+2, 2\) = 15"),
+        (Fig3Config, dict(ns=(25,)), r"Fig3Config\.ns must be a tuple of at least 2"),
+        (Fig4Config, dict(n_trains=(0, 100)), r"Fig4Config\.n_trains must be .*got \(0, 100\)"),
+        (Fig4Config, dict(n=0), r"Fig4Config\.n must be"),
+        (Theorem5Config, dict(n=0), r"Theorem5Config\.n must be"),
+        (ConstructionsConfig, dict(ds=(0, 3)), r"ConstructionsConfig\.ds must be"),
+        (ConstructionsConfig, dict(prompts=1), r"ConstructionsConfig\.prompts must be an int >= 2"),
+        (LinearDepthConfig, dict(depths=()), r"LinearDepthConfig\.depths must be"),
+        (OrderAblationConfig, dict(blocks=(0,)), r"OrderAblationConfig\.blocks must be"),
+        (OrderAblationConfig, dict(orders=("ffn_first", "sideways")), r"OrderAblationConfig\.orders must be"),
+    ],
+)
+def test_sun2025_configs_reject_bad_values(cls: type, kwargs: dict, match: str) -> None:
+    with pytest.raises(iclab.ConfigError, match=match):
+        cls(**kwargs)
+
+
+def test_sun2025_configs_accept_what_the_models_accept() -> None:
+    Fig2Config(variants=("dense",), d_bar=5)  # a dense FFN needs d̄ >= d + 1 only
+    Theorem5Config(d=12)  # the Thm-5 model is built with d̄ = C(d+2, 2), not d_bar
+    Fig1Config(ds=(3, 11), d_bar=12)
+
+
+def test_an_explicit_n_is_never_replaced_by_the_config(tmp_path) -> None:
+    # tiny training settings: were n = 0 replaced by cfg.n (the old ``n or cfg.n``), this would train one step and pass
+    cfg = BilinearSetup(d=2, d_bar=4, n=20, steps=1, batch_size=4, eval_batch=4, eval_every=1, snapshot_every=0, subnet_batch=4)  # fmt: skip
+    ctx = RunContext(out_dir=tmp_path, device=torch.device("cpu"), preset="smoke")
+    mcfg = models.BilinearTransformerConfig(d=2, d_bar=4, n_blocks=1)
+    with pytest.raises(iclab.ConfigError, match=r"PolynomialRegression\.n must be an int >= 1.*got 0"):
+        train_bilinear(cfg, ctx, seed=0, task=tasks.quadratic(2), model_cfg=mcfg, name="n0", n=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Claim functions on synthetic results: each passes on good rows and fails on bad ones (no training)
+
+FIG1_CFG = Fig1Config(seeds=2, n=50, ds=(3, 4), blocks=(1, 2, 4), linear_layers=3, test_ns=(25, 50))
+#: (d, model) -> (loss at n_test = 25, loss at n_test = n = 50, standard error): every fig-1 claim passes.
+FIG1_GOOD = {
+    (3, "linear"): (10.5, 9.8, 0.1), (3, "L1"): (9.0, 5.0, 0.05), (3, "L2"): (50.0, 1.0, 0.01), (3, "L4"): (1.0, 5e-4, 1e-6),
+    (4, "linear"): (15.5, 14.5, 0.1), (4, "L1"): (9.0, 3.0, 0.05), (4, "L2"): (60.0, 2.0, 0.02), (4, "L4"): (5.0, 0.5, 0.01),
+}  # fmt: skip
+
+
+def _fig1_results(**changes: tuple[float, float, float]) -> dict[str, object]:
+    """Rows for FIG1_CFG; ``changes`` maps 'd3_L4' to new (short, at_n, se). Seed 1 sits 1e-5 above seed 0."""
+    spec = dict(FIG1_GOOD)
+    for key, value in changes.items():
+        d, model = key.split("_")
+        spec[(int(d[1:]), model)] = value
+    rows = []
+    for (d, model), (short, at_n, se) in spec.items():
+        for seed in range(FIG1_CFG.seeds):
+            L = 0 if model == "linear" else int(model[1:])
+            sub = torch.linspace(20.0, at_n, L + 1, dtype=torch.float64).unsqueeze(0)  # ℓ-block losses decrease in ℓ
+            rows.append({"d": d, "model": model, "seed": seed, "length_loss": torch.tensor([short, at_n + 1e-5 * seed]),
+                         "length_se": torch.tensor([se, se]), "block_loss": sub})  # fmt: skip
+    return {"rows": rows, "least_squares": {}}
+
+
+def _failed(claims: list) -> set[str]:
+    return {c.name for c in claims if not c.passed}
+
+
+def test_fig1_claims_pass_on_good_rows() -> None:
+    claims = {c.name: c for c in claims_fig1(_fig1_results(), FIG1_CFG)}
+    assert {"deep_models_beat_single_block_bound_d4", "single_block_above_bound_d4", "converged_L4_d3"} <= set(claims)
+    assert all(c.passed for c in claims.values()), [c for c in claims.values() if not c.passed]
+    assert claims["deep_models_beat_single_block_bound_d4"].measured == pytest.approx(2.0, abs=1e-4)  # max over L >= 2
+    assert claims["single_block_above_bound_d4"].measured == pytest.approx(3.15)  # L = 1: loss + 3σ
+    assert "std over seeds 7.07e-06" in claims["converged_L4_d3"].detail
+
+
+@pytest.mark.parametrize(
+    ("changes", "fails"),
+    [
+        (dict(d3_linear=(10.0, 8.5, 0.1)), {"linear_tf_above_affine_floor_d3"}),  # below Prop. 1's floor 9
+        (dict(d3_L2=(50.0, 4.6, 0.01)), {"bilinear_below_linear_floor_d3"}),  # above 0.5 × 9 (claim 9)
+        (dict(d4_L2=(60.0, 0.4, 0.01)), {"depth_helps_d4"}),  # L = 2 better than L = 4: a depth inversion
+        # one deep model above the bound fails claim 11 although the best one (L = 4) is below it
+        (dict(d4_L2=(60.0, 2.5, 0.01)), {"deep_models_beat_single_block_bound_d4"}),
+        (dict(d4_L1=(9.0, 2.1, 0.05)), {"single_block_above_bound_d4"}),  # one block below 2.298
+        (dict(d3_L4=(1.0, 5e-3, 1e-5)), {"converged_L4_d3"}),  # L = 4 not converged (claim 19)
+        (dict(d3_L2=(0.5, 1.0, 0.01)), {"short_prompts_are_worse_d3"}),  # shorter prompts better
+    ],
+)
+def test_fig1_claims_fail_on_bad_rows(changes: dict, fails: set[str]) -> None:
+    assert _failed(claims_fig1(_fig1_results(**changes), FIG1_CFG)) == fails
+
+
+def test_fig1_claims_sub_networks_and_optional_checks() -> None:
+    res = _fig1_results()
+    for r in res["rows"]:
+        if r["d"] == 3 and r["model"] != "linear":
+            r["block_loss"] = r["block_loss"].flip(-1)  # ℓ-block losses increase in ℓ
+    assert _failed(claims_fig1(res, FIG1_CFG)) == {"subnetwork_loss_decreases_with_l_d3"}
+    cfg = Fig1Config(seeds=2, n=50, ds=(3, 4), blocks=(2, 4), test_ns=(25, 50))  # no L = 1
+    rows = [r for r in _fig1_results()["rows"] if r["model"] != "L1"]
+    names = {c.name for c in claims_fig1({"rows": rows}, cfg)}
+    assert "deep_models_beat_single_block_bound_d4" in names and "single_block_above_bound_d4" not in names
+    cfg = Fig1Config(seeds=2, n=50, ds=(3,), blocks=(1, 2), test_ns=(25, 50))  # the quick preset's shape
+    rows = [r for r in _fig1_results()["rows"] if r["d"] == 3 and r["model"] != "L4"]
+    names = {c.name for c in claims_fig1({"rows": rows}, cfg)}
+    assert not names & {"converged_L4_d3", "deep_models_beat_single_block_bound_d4", "single_block_above_bound_d4"}
+
+
+FIG2_CFG = Fig2Config(seeds=1, n=50, test_ns=(50,))
+
+
+def _fig2_results(**losses: float) -> dict[str, object]:
+    base = {"dense": 1.2, "sparse": 2.8, "sparse_strict": 2.9, "linear": 5.6}
+    return {"rows": [_row(m, v, 0.05) for m, v in {**base, **losses}.items()]}
+
+
+def test_fig2_claims_pass_on_good_rows_and_fail_on_bad_ones() -> None:
+    good = claims_fig2(_fig2_results(), FIG2_CFG)
+    assert len(good) == 5 and all(c.passed for c in good), good
+    # dense worse than sparse (also above the quadratic floor 2)
+    assert _failed(claims_fig2(_fig2_results(dense=3.0), FIG2_CFG)) == {"dense_beats_sparse", "dense_below_quadratic_floor_2"}  # fmt: skip
+    assert _failed(claims_fig2(_fig2_results(dense=2.1), FIG2_CFG)) == {"dense_below_quadratic_floor_2"}
+    assert _failed(claims_fig2(_fig2_results(sparse=6.0), FIG2_CFG)) == {"sparse_beats_linear"}
+    assert _failed(claims_fig2(_fig2_results(linear=4.5), FIG2_CFG)) == {"linear_above_floor_5"}  # below 5
+    assert _failed(claims_fig2(_fig2_results(sparse_strict=1.5), FIG2_CFG)) == {"strict_sparse_above_quadratic_floor_2"}  # fmt: skip
+
+
+FIG4_CFG = Fig4Config(seeds=1, n_trains=(25, 100), test_ns=(10, 25, 100))
+
+
+def _fig4_results(losses: dict[int, tuple[float, float, float]]) -> dict[str, object]:
+    return {"rows": [{"n_train": n, "model": f"n_train={n}", "seed": 0, "length_loss": torch.tensor(v),
+                      "length_se": torch.full((3,), 0.01)} for n, v in losses.items()]}  # fmt: skip
+
+
+def test_fig4_claims_check_both_halves_of_the_crossing() -> None:
+    good = {25: (50.0, 8.0, 7.62), 100: (1e5, 20.0, 6.0)}  # losses at n_test = 10, 25, 100
+    claims = claims_fig4(_fig4_results(good), FIG4_CFG)
+    assert [c.name for c in claims] == [
+        "longer_training_prompts_win_on_long_tests",
+        "short_tests_degrade_for_long_training_prompts",
+        "longer_training_prompts_lose_on_short_tests",
+    ]
+    assert all(c.passed for c in claims) and claims[2].measured == pytest.approx(2000.0)
+    no_cross = {25: (50.0, 8.0, 7.62), 100: (30.0, 20.0, 6.0)}  # n_train = 100 also better at n_test = 10
+    assert _failed(claims_fig4(_fig4_results(no_cross), FIG4_CFG)) == {"longer_training_prompts_lose_on_short_tests"}
+    long_loses = {25: (50.0, 8.0, 5.0), 100: (1e5, 20.0, 6.0)}
+    assert _failed(claims_fig4(_fig4_results(long_loses), FIG4_CFG)) == {"longer_training_prompts_win_on_long_tests"}
+    one = Fig4Config(seeds=1, n_trains=(100,), test_ns=(10, 25, 100))  # no second n_train: no crossing checks
+    assert [c.name for c in claims_fig4(_fig4_results({100: good[100]}), one)] == ["short_tests_degrade_for_long_training_prompts"]  # fmt: skip
+
+
+def _theorem5_results(scale: float, off: float) -> tuple[dict[str, object], Theorem5Config]:
+    cfg = Theorem5Config(d=2, n=50)
+    st = pf.quadratic_stats(2)
+    g_star = pf.optimal_gamma(cfg.n, st)
+    gamma = scale * g_star
+    row = {"seed": 0, "gamma": gamma, "off_pattern": off, "exact_loss": pf.one_block_loss(gamma, cfg.n, st)}
+    return {"rows": [row], "gamma_star": g_star, "optimal_loss": pf.one_block_loss(g_star, cfg.n, st)}, cfg
+
+
+def test_theorem5_claims_pass_near_gamma_star_and_fail_far_from_it() -> None:
+    good = claims_theorem5(*_theorem5_results(1.02, 1e-3))
+    assert all(c.passed for c in good), good
+    assert _failed(claims_theorem5(*_theorem5_results(1.02, 0.05))) == {"attention_is_5_sparse"}
+    far = claims_theorem5(*_theorem5_results(0.5, 1e-3))  # Γ = Γ*/2: 50 % off, and a higher loss
+    assert _failed(far) == {"learned_loss_reaches_L_gamma_star", "learned_gamma_is_gamma_star"}
+    res, cfg = _theorem5_results(1.0, 1e-3)
+    res["rows"][0]["exact_loss"] = 0.9 * res["optimal_loss"]  # below the optimum: impossible, flagged
+    assert _failed(claims_theorem5(res, cfg)) == {"learned_loss_reaches_L_gamma_star"}

@@ -77,6 +77,19 @@ def test_construction_loss_monte_carlo() -> None:
     assert mean - 3 * se > 10 * pf.paper_theorem2_loss(d, n)
 
 
+@pytest.mark.slow
+def test_construction_loss_monte_carlo_d4() -> None:
+    """Claim 4 at the paper's d = 4 (spec §5.0): the Thm-2 construction's loss at n = 100 is K(4)/n = 874/100 within 3σ
+    (1e5 float64 prompts), 51× the paper's ((d+2)(d+1)+d)/(2n) = 17/100."""
+    d, n = 4, 100
+    assert pf.construction_constant(d) == 874
+    model = constructions.kernel_gd_block(d)
+    mean, se = mc_loss(model, tasks.quadratic(d), n, 100_000, generator=iclab.generator(8), chunks=10)
+    assert se < 0.03 * mean  # 1e5 prompts: about 1.3 % standard error
+    _within_3sigma(mean, se, pf.construction_constant(d) / n)
+    assert mean - 3 * se > 10 * pf.paper_theorem2_loss(d, n)
+
+
 def test_one_block_loss_monte_carlo_random_gamma() -> None:
     """Claim 6: Lemma 8's three-term formula for a random non-symmetric Γ and finite n."""
     d, n = 2, 10

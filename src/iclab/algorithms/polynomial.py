@@ -119,7 +119,7 @@ class FeatureLeastSquares:
 
     def predict(self, episode: Episode) -> Tensor:
         x, y = _xy("FeatureLeastSquares", episode)
-        a = monomial_set(episode.d, self.monomials)
+        a = monomial_set(episode.d, self.monomials, owner="FeatureLeastSquares")
         phi, phq = monomials(x, a), monomials(episode.x_query, a)  # (B, n, M), (B, M)
         if self.ridge > 0:
             M = phi.shape[-1]

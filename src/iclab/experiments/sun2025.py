@@ -28,9 +28,10 @@ import torch
 from torch import Tensor
 
 from iclab import algorithms, constructions, tasks
+from iclab.core.errors import require
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
-from iclab.models.bilinear import BilinearTransformer, BilinearTransformerConfig
+from iclab.models.bilinear import FFNS, ORDERS, BilinearTransformer, BilinearTransformerConfig
 from iclab.reporting.figures import band, save, subplots
 from iclab.theory import mc_loss
 from iclab.theory import polynomial_features as pf
@@ -42,6 +43,24 @@ SMOKE = dict(seeds=1, steps=6, batch_size=64, n=20, eval_batch=256, eval_every=3
 #: fine for L <= 2; L = 4 diverges at this lr even with the stabilising parameterisation).
 QUICK = dict(seeds=1, n=50, batch_size=256, steps=700, lr=1e-2, warmup_steps=50, schedule="cosine", eval_every=50, snapshot_every=100,
              eval_batch=4096, test_batch=20_000, subnet_batch=4096)  # fmt: skip
+#: Spec claim 19 (Fig. 9): d = 3, L = 4 converges to a final test loss <= 1e-3 (std over 5 seeds ~1e-5).
+CONVERGED_LOSS_L4_D3 = 1e-3
+
+
+def _is_int(v: Any, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _require_ints(owner: Any, name: str, values: Any, low: int, *, min_len: int = 1) -> None:
+    """``owner.name`` must be a tuple of at least ``min_len`` distinct ints >= ``low``."""
+    ok = isinstance(values, tuple | list) and len(values) >= min_len and all(_is_int(v, low) for v in values)
+    ok = ok and len(set(values)) == len(values)
+    require(owner, name, ok, f"a tuple of at least {min_len} distinct int(s) >= {low}", values)
+
+
+def _require_choices(owner: Any, name: str, values: Any, allowed: tuple[str, ...]) -> None:
+    ok = isinstance(values, tuple | list) and len(values) >= 1 and all(v in allowed for v in values)
+    require(owner, name, ok and len(set(values)) == len(values), f"a non-empty tuple of distinct entries of {allowed}", values)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +93,28 @@ class BilinearSetup:
     test_batch: int = 100_000
     dtype: Literal["float32", "float64"] = "float32"
 
+    def __post_init__(self) -> None:
+        """Reject bad sizes before any model trains (a d̄ too small for the last d of a sweep used to fail only after
+        the earlier d had trained). Subclasses check their own tuple fields first, then call this."""
+        require(self, "seeds", _is_int(self.seeds, 1), "an int >= 1")
+        require(self, "d", _is_int(self.d, 1), "an int >= 1")
+        require(self, "n", _is_int(self.n, 1), "an int >= 1 (context pairs per training prompt)")
+        _require_ints(self, "test_ns", self.test_ns, 1)
+        require(self, "test_batch", _is_int(self.test_batch, 2), "an int >= 2 (Monte-Carlo prompts per test length)")
+        require(self, "subnet_batch", _is_int(self.subnet_batch, 1), "an int >= 1")
+        require(self, "d_bar", _is_int(self.d_bar, 1), "an int >= 1")
+        for d in self._model_ds():
+            low = self._min_d_bar(d)
+            require(self, "d_bar", self.d_bar >= low, f"an int >= {low} for d = {d} (BilinearTransformerConfig's minimum: d + 1, d + 2 for a sparse FFN)")  # fmt: skip
+
+    def _model_ds(self) -> tuple[int, ...]:
+        """The input dimensions d of the models built from ``d_bar``."""
+        return (self.d,)
+
+    def _min_d_bar(self, d: int) -> int:
+        """The smallest d̄ that :class:`BilinearTransformerConfig` accepts for the FFNs this experiment builds."""
+        return d + 1
+
     def train_config(self, seed: int) -> TrainConfig:
         return TrainConfig(
             steps=self.steps, batch_size=self.batch_size, optimizer="adam", lr=self.lr, eps=self.eps, schedule=self.schedule, warmup_steps=self.warmup_steps,
@@ -83,7 +124,7 @@ class BilinearSetup:
 
 
 def _task(cfg: BilinearSetup, d: int | None = None) -> tasks.PolynomialRegression:
-    return tasks.PolynomialRegression(d=d or cfg.d, monomials=cfg.monomials)
+    return tasks.PolynomialRegression(d=cfg.d if d is None else d, monomials=cfg.monomials)
 
 
 def _model_base(cfg: BilinearSetup, d: int) -> dict[str, Any]:
@@ -101,8 +142,11 @@ def train_bilinear(
     cfg: BilinearSetup, ctx: RunContext, *, seed: int, task: tasks.PolynomialRegression, model_cfg: BilinearTransformerConfig,
     name: str, n: int | None = None,
 ) -> tuple[BilinearTransformer, TrainResult]:  # fmt: skip
-    """Train one model in ``ctx.out_dir/name`` (resumable); snapshots hold the sub-network losses."""
-    n = n or cfg.n
+    """Train one model in ``ctx.out_dir/name`` (resumable); snapshots hold the sub-network losses.
+
+    ``n``: context pairs per training prompt, ``cfg.n`` when None (an explicit value, even an invalid one, is used).
+    """
+    n = cfg.n if n is None else n
     model = BilinearTransformer(model_cfg, generator=generator(derive_seed(seed, "init", name)))
     dtype = getattr(torch, cfg.dtype)
     sub = task.sample(cfg.subnet_batch, n, generator=generator(derive_seed(seed, "subnet"), ctx.device), dtype=dtype)
@@ -129,15 +173,15 @@ def _run_models(
     measure: Callable[[BilinearTransformer, int], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Train every model for every seed; one row each. ``measure(model, seed)`` adds entries to the row."""
-    task = _task(cfg, d)
+    task, n_train = _task(cfg, d), cfg.n if n is None else n
     rows = []
     for label, mcfg in models.items():
         for s in range(cfg.seeds):
-            model, res = train_bilinear(cfg, ctx, seed=s, task=task, model_cfg=mcfg, name=f"d{d}-{label}-n{n or cfg.n}-seed{s}", n=n)  # fmt: skip
+            model, res = train_bilinear(cfg, ctx, seed=s, task=task, model_cfg=mcfg, name=f"d{d}-{label}-n{n_train}-seed{s}", n=n_train)  # fmt: skip
             steps, loss = res.curve("test_loss")
             lengths = loss_vs_length(model, task, cfg.test_ns, cfg.test_batch, s)
             rows.append({
-                "d": d, "model": label, "seed": s, "n_train": n or cfg.n, "steps": torch.tensor(steps),
+                "d": d, "model": label, "seed": s, "n_train": n_train, "steps": torch.tensor(steps),
                 "test_loss": torch.tensor(loss, dtype=torch.float64), "snap_steps": torch.tensor(res.snapshot_steps),
                 "block_loss": res.snapshots["block_loss"], "length_loss": torch.tensor([m for m, _ in lengths]),
                 "length_se": torch.tensor([s_ for _, s_ in lengths]),
@@ -162,6 +206,16 @@ class Fig1Config(BilinearSetup):
     blocks: tuple[int, ...] = (2, 4, 6)
     linear_layers: int = 6
     margin: float = 0.5  # bilinear loss must be below margin × the linear floor (spec claim 9)
+
+    def __post_init__(self) -> None:
+        _require_ints(self, "ds", self.ds, 1)
+        _require_ints(self, "blocks", self.blocks, 1)
+        require(self, "linear_layers", _is_int(self.linear_layers, 1), "an int >= 1")
+        require(self, "margin", isinstance(self.margin, int | float) and self.margin > 0, "a float > 0")
+        super().__post_init__()
+
+    def _model_ds(self) -> tuple[int, ...]:
+        return tuple(self.ds)
 
 
 def _fig1_models(cfg: Fig1Config, d: int) -> dict[str, BilinearTransformerConfig]:
@@ -237,16 +291,18 @@ def claims_fig1(results: dict[str, Any], cfg: Fig1Config) -> list[ClaimResult]:
         worst = min(_at(cfg, r, cfg.n)[0] + 3 * _at(cfg, r, cfg.n)[1] for r in lin)
         out.append(check(f"linear_tf_above_affine_floor_d{d}", worst, lo=floor, detail=f"min over seeds of (loss + 3σ) of the {cfg.linear_layers}-layer linear TF at n = {cfg.n}; Prop. 1 floor d(d+3)/2 (claim 7)"))  # fmt: skip
         bil = {L: [r for r in rows if r["d"] == d and r["model"] == f"L{L}"] for L in cfg.blocks}
-        best_bad = max(
-            _at(cfg, r, cfg.n)[0] for L, rs in bil.items() if L >= 2 for r in rs
-        )  # the paper's L ∈ {2, 4, 6}
-        out.append(check(f"bilinear_below_linear_floor_d{d}", best_bad, hi=cfg.margin * floor, detail=f"max over L >= 2, seeds of the bilinear loss at n = {cfg.n} vs {cfg.margin} × floor (claim 9)"))  # fmt: skip
+        if any(L >= 2 for L in cfg.blocks):
+            best_bad = max(
+                _at(cfg, r, cfg.n)[0] for L, rs in bil.items() if L >= 2 for r in rs
+            )  # the paper's L ∈ {2, 4, 6}
+            out.append(check(f"bilinear_below_linear_floor_d{d}", best_bad, hi=cfg.margin * floor, detail=f"max over L >= 2, seeds of the bilinear loss at n = {cfg.n} vs {cfg.margin} × floor (claim 9)"))  # fmt: skip
         means = [_mean(bil[L], cfg, cfg.n) for L in cfg.blocks]
         inversions = sum(b > a for a, b in itertools.pairwise(means))
         out.append(check(f"depth_helps_d{d}", inversions, hi=0, detail=f"inversions of the mean loss over L = {cfg.blocks}: {[round(m, 4) for m in means]} (claim 10)"))  # fmt: skip
         if d == 4 and cfg.d_bar < math.comb(d + 2, 2):
-            bound = pf.prop4_bound(d, cfg.d_bar)
-            out.append(check("deep_models_beat_single_block_bound_d4", min(means), hi=bound, detail=f"best mean bilinear loss vs the corrected Prop-4 bound {bound:.3f} for one block at d̄ = {cfg.d_bar} (paper's: {pf.paper_prop4_bound(d, cfg.d_bar):.0f}) (claim 11)"))  # fmt: skip
+            out += _single_block_bound_claims(cfg, bil, dict(zip(cfg.blocks, means, strict=True)))
+        if d == 3 and 4 in cfg.blocks:
+            out.append(_converged_claim(cfg, bil[4]))
         finals = [r["block_loss"][-1] for rs in bil.values() for r in rs]
         mono = sum(bool((f[1:] <= f[:-1] * 1.02).all()) for f in finals) / len(finals)
         out.append(check(f"subnetwork_loss_decreases_with_l_d{d}", mono, lo=0.8, detail="fraction of trained models whose ℓ-block sub-network losses decrease in ℓ ≥ 1 (2 % slack) (claim 15)"))  # fmt: skip
@@ -254,6 +310,34 @@ def claims_fig1(results: dict[str, Any], cfg: Fig1Config) -> list[ClaimResult]:
         worse = sum(_at(cfg, r, short)[0] > _at(cfg, r, cfg.n)[0] for rs in bil.values() for r in rs) / sum(len(rs) for rs in bil.values())  # fmt: skip
         out.append(check(f"short_prompts_are_worse_d{d}", worse, lo=1.0, detail=f"fraction of bilinear models with a higher loss at n_test = {short} than at n_train = {cfg.n} (claim 16)"))  # fmt: skip
     return out
+
+
+def _single_block_bound_claims(
+    cfg: Fig1Config, bil: dict[int, list[dict[str, Any]]], means: dict[int, float]
+) -> list[ClaimResult]:
+    """Spec claim 11 (Fig. 1b, corrected Prop. 4): at d = 4 and d̄ < C(d+2, 2) EVERY trained depth L >= 2 has a mean
+    loss below the one-block bound (2.298 at d̄ = 12; the paper prints 3), and a single block (L = 1) stays above it
+    (a finite-n loss of one block is above its n → ∞ value, which Prop. 4 bounds)."""
+    d = 4
+    bound, printed = pf.prop4_bound(d, cfg.d_bar), pf.paper_prop4_bound(d, cfg.d_bar)
+    out = []
+    deep = {L: m for L, m in means.items() if L >= 2}
+    if deep:
+        worst = max(deep, key=lambda L: deep[L])
+        per = {L: round(m, 4) for L, m in deep.items()}
+        out.append(check("deep_models_beat_single_block_bound_d4", deep[worst], hi=bound, detail=f"max over L >= 2 of the mean loss at n = {cfg.n} (L = {worst}; per L {per}) vs the corrected Prop-4 bound {bound:.3f} for one block at d̄ = {cfg.d_bar} (paper's: {printed:.0f}) (claim 11)"))  # fmt: skip
+    if 1 in bil:
+        single = min(_at(cfg, r, cfg.n)[0] + 3 * _at(cfg, r, cfg.n)[1] for r in bil[1])
+        out.append(check("single_block_above_bound_d4", single, lo=bound, detail=f"min over seeds of (loss + 3σ) of the L = 1 model at n = {cfg.n} vs the corrected Prop-4 bound {bound:.3f} at d̄ = {cfg.d_bar}: one block cannot go below it (claim 11)"))  # fmt: skip
+    return out
+
+
+def _converged_claim(cfg: Fig1Config, rows: list[dict[str, Any]]) -> ClaimResult:
+    """Spec claim 19 (Fig. 9, a soft check): d = 3, L = 4 converges, mean final loss <= 1e-3 (seed std ~1e-5)."""
+    losses = [_at(cfg, r, cfg.n)[0] for r in rows]
+    mean = sum(losses) / len(losses)
+    std = math.sqrt(sum((v - mean) ** 2 for v in losses) / (len(losses) - 1)) if len(losses) > 1 else float("nan")
+    return check("converged_L4_d3", mean, hi=CONVERGED_LOSS_L4_D3, detail=f"mean over {len(losses)} seed(s) of the L = 4 loss at n = {cfg.n}, d = 3; std over seeds {std:.3g} (paper: ~1e-5) (claim 19, soft)")  # fmt: skip
 
 
 FIG1 = register(
@@ -290,6 +374,15 @@ class Fig2Config(BilinearSetup):
     linear_layers: int = 5
     variants: tuple[str, ...] = ("dense", "sparse", "sparse_strict")
     test_ns: tuple[int, ...] = (25, 50, 100, 150, 200)
+
+    def __post_init__(self) -> None:
+        _require_choices(self, "variants", self.variants, tuple(f for f in FFNS if f != "none"))
+        require(self, "n_blocks", _is_int(self.n_blocks, 1), "an int >= 1")
+        require(self, "linear_layers", _is_int(self.linear_layers, 1), "an int >= 1")
+        super().__post_init__()
+
+    def _min_d_bar(self, d: int) -> int:
+        return d + 2 if any(v.startswith("sparse") for v in self.variants) else d + 1
 
 
 def run_fig2(cfg: Fig2Config, ctx: RunContext) -> dict[str, Any]:
@@ -400,6 +493,13 @@ class Fig3Config:
     slope_tol: float = 0.05
     r2_min: float = 0.99
 
+    def __post_init__(self) -> None:
+        require(self, "d", _is_int(self.d, 1), "an int >= 1")
+        q = math.comb(self.d + 2, 2) if _is_int(self.d, 1) else 1
+        require(self, "d_bar", _is_int(self.d_bar, q), f"an int >= C(d+2, 2) = {q} (one scratch row per quadratic monomial)")  # fmt: skip
+        _require_ints(self, "ns", self.ns, 1, min_len=2)  # a log-log slope needs two n
+        require(self, "prompts", _is_int(self.prompts, 2), "an int >= 2")
+
 
 def run_fig3(cfg: Fig3Config, ctx: RunContext) -> dict[str, Any]:
     model = constructions.kernel_gd_block(cfg.d, d_bar=cfg.d_bar)
@@ -488,6 +588,11 @@ class Fig4Config(BilinearSetup):
     n_blocks: int = 4  # the 8-layer model
     n_trains: tuple[int, ...] = (100, 150, 200, 250)  # App. H (App. I says 280 for the last one)
 
+    def __post_init__(self) -> None:
+        require(self, "n_blocks", _is_int(self.n_blocks, 1), "an int >= 1")
+        _require_ints(self, "n_trains", self.n_trains, 1)
+        super().__post_init__()
+
 
 def run_fig4(cfg: Fig4Config, ctx: RunContext) -> dict[str, Any]:
     mcfg = BilinearTransformerConfig(**_model_base(cfg, cfg.d), n_blocks=cfg.n_blocks)
@@ -509,20 +614,35 @@ def claims_fig4(results: dict[str, Any], cfg: Fig4Config) -> list[ClaimResult]:
         return _mean([r for r in rows if r["n_train"] == n_train], cfg, n_test)
 
     lo, hi = min(cfg.n_trains), max(cfg.n_trains)
-    return [
-        check(
-            "longer_training_prompts_win_on_long_tests",
-            mean(hi, longest) / mean(lo, longest),
-            hi=1.0,
-            detail=f"loss at n_test = {longest}: n_train = {hi} over n_train = {lo} (claim 16)",
-        ),
+    crossing = lo != hi  # Fig. 4's crossing compares two training lengths: made only with >= 2 n_trains
+    out = []
+    if crossing:
+        out.append(
+            check(
+                "longer_training_prompts_win_on_long_tests",
+                mean(hi, longest) / mean(lo, longest),
+                hi=1.0,
+                detail=f"loss at n_test = {longest}: n_train = {hi} ({mean(hi, longest):.4g}) over n_train = {lo} ({mean(lo, longest):.4g}) (claim 16)",
+            )
+        )
+    out.append(
         check(
             "short_tests_degrade_for_long_training_prompts",
             mean(hi, shortest) / mean(hi, hi if hi in cfg.test_ns else longest),
             lo=1.0,
             detail=f"n_train = {hi}: loss at n_test = {shortest} over the loss at n_test = n_train (claim 16)",
-        ),
-    ]
+        )
+    )
+    if crossing:
+        out.append(
+            check(
+                "longer_training_prompts_lose_on_short_tests",
+                mean(hi, shortest) / mean(lo, shortest),
+                lo=1.0,
+                detail=f"loss at n_test = {shortest}: n_train = {hi} ({mean(hi, shortest):.4g}) over n_train = {lo} ({mean(lo, shortest):.4g}), the other half of Fig. 4's crossing; made only with >= 2 n_trains (claim 16)",
+            )
+        )
+    return out
 
 
 FIG4 = register(
@@ -556,6 +676,9 @@ class Theorem5Config(BilinearSetup):
     loss_rtol: float = 0.02
     pattern_tol: float = 1e-2
     gamma_rtol: float = 0.1
+
+    def _model_ds(self) -> tuple[int, ...]:
+        return ()  # the model is built with d̄ = C(d+2, 2) (the construction's FFN), not ``d_bar``
 
 
 def _effective_gamma(model: BilinearTransformer, q: int) -> tuple[Tensor, float]:
@@ -676,6 +799,13 @@ class ConstructionsConfig:
     prop4_n: int = 2000
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        _require_ints(self, "ds", self.ds, 1)
+        require(self, "n", _is_int(self.n, 1), "an int >= 1")
+        require(self, "n_blocks", _is_int(self.n_blocks, 1), "an int >= 1")
+        require(self, "prompts", _is_int(self.prompts, 2), "an int >= 2")
+        require(self, "prop4_n", _is_int(self.prop4_n, 1), "an int >= 1")
+
 
 def run_constructions(cfg: ConstructionsConfig, ctx: RunContext) -> dict[str, Any]:
     """Monte Carlo of the ℓ-block read-outs. The bulk runs through ``algorithms.BlockCoordinateDescent`` (≈10×
@@ -782,6 +912,10 @@ class LinearDepthConfig(BilinearSetup):
     test_ns: tuple[int, ...] = (200,)  # the loss is read at n_train
     floor_sigmas: float = 3.0  # a loss may sit this many Monte-Carlo standard errors below the floor
     gap_tol: float = 0.0  # every depth must reach the exact one-layer optimum L₁*(n) within 3σ + gap_tol
+
+    def __post_init__(self) -> None:
+        _require_ints(self, "depths", self.depths, 1)
+        super().__post_init__()
 
 
 def _affine_stats(cfg: BilinearSetup) -> pf.FeatureStats:
@@ -920,6 +1054,11 @@ class OrderAblationConfig(BilinearSetup):
     orders: tuple[str, ...] = ("ffn_first", "attention_first")
     ratio_tol: float = 1.5  # comparable: the larger mean loss is at most this times the smaller
     floor_sigmas: float = 3.0
+
+    def __post_init__(self) -> None:
+        _require_ints(self, "blocks", self.blocks, 1)
+        _require_choices(self, "orders", self.orders, ORDERS)
+        super().__post_init__()
 
 
 def run_order_ablation(cfg: OrderAblationConfig, ctx: RunContext) -> dict[str, Any]:

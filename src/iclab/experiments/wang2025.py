@@ -34,7 +34,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -53,7 +53,7 @@ from iclab.models.categorical_attention import (
 )
 from iclab.reporting.figures import band, heatmap, save, subplots
 from iclab.tasks.categorical import QuadrantCategorical, RBFMixtureCategorical, query_grid
-from iclab.tasks.image_episodes import digits_episodes
+from iclab.tasks.image_episodes import FeatureEpisodes, digits_episodes, feature_file_episodes
 from iclab.training import TrainConfig, train
 
 COLORS = {"gd": "tab:blue", "free": "tab:red", "probe": "k"}
@@ -79,8 +79,8 @@ class CatSetup:
     batch_size: int = 512
     epochs: int = 5000  # passes over the L training contexts (updates = epochs · ⌈L / 512⌉) …
     max_updates: int | None = None  # … capped here (quick presets)
-    lr_gd: float = 1e-3
-    lr_tf: float = 1e-3
+    lr_gd: float | None = None  # None: the authors' lr and staircase for the model (``paper_optimiser``)
+    lr_tf: float | None = None  # a number: that lr, constant
     clip: float | None = 1.0  # global-norm clip
     init_std: float = 0.01  # free matrices
     eval_every: int = 100  # updates between validation/test evaluations
@@ -89,10 +89,66 @@ class CatSetup:
     bayes_contexts: int = 4096
     dtype: Literal["float32", "float64"] = "float32"
 
+    def __post_init__(self) -> None:
+        for name in ("lr_gd", "lr_tf"):
+            v = getattr(self, name)
+            require(self, name, v is None or v > 0, "null (the authors' table, spec §4.0) or a float > 0", v)
+        require(self, "seeds", isinstance(self.seeds, int) and self.seeds >= 1, "an int >= 1", self.seeds)
+
+    #: which row set of the authors' lr table applies (spec §4.0): "synthetic" (§6.1, App. F) or "image" (§6.2)
+    data: ClassVar[Literal["synthetic", "image"]] = "synthetic"
+
     def updates(self, L: int) -> int:
         per_epoch = max(1, math.ceil(L / min(self.batch_size, L)))
         total = self.epochs * per_epoch
         return total if self.max_updates is None else min(total, self.max_updates)
+
+
+_TABLE_KERNEL = {"softmax": "softmax", "exp": "softmax", "rbf": "rbf", "laplacian": "rbf", "linear": "linear"}
+
+
+def paper_optimiser(
+    kernel: str, n_blocks: int, mode: str, data: Literal["synthetic", "image"] = "synthetic"
+) -> dict[str, Any]:
+    """The authors' learning rate and staircase decay for one model (spec 004 §4.0, their ``conf_init``), as
+    :class:`~iclab.training.TrainConfig` fields ``lr``, ``schedule`` and, for ``'step'``, ``step_every``/``step_gamma``.
+
+    Synthetic data (§6.1, App. F): Trained TF (``mode='free'``) 1e-3 with one block; with two or more, softmax 5e-4
+    (no schedule), rbf 1e-5 and linear 5e-4 with ×0.5 every 500 updates. GD: 1e-3 with one block or more than three,
+    else softmax 5e-4 (no schedule), rbf 2e-4 and linear 1e-4; GD decays ×0.8 every 1000 updates (rbf with two or
+    more blocks ×0.85) except where "no schedule" is stated. Image episodes (§6.2): 1e-3 for both models, but GD with
+    the linear kernel and one block 5e-5. The table has no exp or Laplacian row: exp uses softmax's (both exponentiate
+    a dot product), Laplacian rbf's (both are distance kernels); docs/errata.md, seed 004.
+    """
+    require("paper_optimiser", "mode", mode in ("gd", "free"), "'gd' or 'free'", mode)
+    require("paper_optimiser", "kernel", kernel in _TABLE_KERNEL, f"one of {sorted(_TABLE_KERNEL)}", kernel)
+    require("paper_optimiser", "n_blocks", isinstance(n_blocks, int) and n_blocks >= 1, "an int >= 1", n_blocks)
+    require("paper_optimiser", "data", data in ("synthetic", "image"), "'synthetic' or 'image'", data)
+    row, deep = _TABLE_KERNEL[kernel], n_blocks >= 2
+    if mode == "free":
+        lr = 1e-3 if data == "image" or not deep else {"softmax": 5e-4, "rbf": 1e-5, "linear": 5e-4}[row]
+        decay = (500, 0.5) if deep and row != "softmax" else None
+    else:
+        if data == "image":
+            lr = 5e-5 if row == "linear" and not deep else 1e-3
+        else:
+            lr = 1e-3 if not deep or n_blocks > 3 else {"softmax": 5e-4, "rbf": 2e-4, "linear": 1e-4}[row]
+        no_schedule = data == "synthetic" and 2 <= n_blocks <= 3 and row == "softmax"
+        decay = None if no_schedule else (1000, 0.85 if deep and row == "rbf" else 0.8)
+    if decay is None:
+        return {"lr": lr, "schedule": "constant"}
+    return {"lr": lr, "schedule": "step", "step_every": decay[0], "step_gamma": decay[1]}
+
+
+def _optimiser(setup: CatSetup, model: nn.Module, mode: str, lr: float | None) -> dict[str, Any]:
+    """TrainConfig fields for one run: ``lr`` if given, else the setup's ``lr_gd``/``lr_tf`` (constant), else the
+    authors' table for this model's kernel and depth (:func:`paper_optimiser`)."""
+    lr = lr if lr is not None else (setup.lr_gd if mode == "gd" else setup.lr_tf)
+    if lr is not None:
+        return {"lr": lr, "schedule": "constant"}
+    cfg = model.config  # type: ignore[union-attr]
+    n_blocks = 1 if isinstance(model, SingleStepCategorical) else cfg.n_blocks
+    return paper_optimiser(cfg.kernel, n_blocks, mode, setup.data)
 
 
 def _train_run(
@@ -138,7 +194,7 @@ def _train_run(
         batch_size=min(setup.batch_size, L),
         train_size=L,
         optimizer="adam" if gd else "adamw",
-        lr=lr if lr is not None else (setup.lr_gd if gd else setup.lr_tf),
+        **_optimiser(setup, model, mode, lr),
         betas=(0.9, 0.999) if gd else (0.9, 0.98),
         clip=setup.clip,
         clip_mode="global",
@@ -229,6 +285,10 @@ class SweepLConfig(CatSetup):
     L_grid: tuple[int, ...] = (2048, 4096, 8192, 12288, 16384, 20480, 24576, 32768)
     gap_small_L: float = 0.0  # paper (2 blocks): acc_GD − acc_TF >= 0.15 at the smallest L
     match_acc_tol: float = 0.02  # |acc_TF − acc_GD| at the largest L (claims 11-12)
+    #: the matching claims are checked only when the largest L reaches this: the paper's 2-block TF matches GD at
+    #: L = 32768 and is 0.19 below it at L = 2048 (spec §5 claim 12), so a sweep that stops short of it checks that
+    #: the gap closes as L grows (``tf_approaches_gd_with_L``) instead of a match the paper does not report there
+    match_min_L: int = 0
     match_nll_tol: float = 0.05
     gd_acc_expected: float | None = None  # e.g. 0.718 at L = 2048 for 2 blocks (§4.1)
     gd_acc_tol: float = 0.03
@@ -288,18 +348,35 @@ def claims_sweep_L(results: dict[str, Any], cfg: SweepLConfig) -> list[ClaimResu
     gd_runs = [r["acc"] for r in gd[lo]["runs"]]
     se = bayes["mc_stderr"]
     tf_nll = [tf[L]["nll"] for L in Ls]
-    out = [
+    gap = {L: (gd[L]["acc"] - tf[L]["acc"], tf[L]["nll"] - gd[L]["nll"]) for L in Ls}
+    out = []
+    if hi >= cfg.match_min_L:
+        out += [
+            check(
+                "tf_matches_gd_acc_at_largest_L",
+                abs(tf[hi]["acc"] - gd[hi]["acc"]),
+                hi=cfg.match_acc_tol,
+                detail=f"L = {hi}: TF {tf[hi]['acc']:.4f} vs GD {gd[hi]['acc']:.4f} (claims 11-12)",
+            ),
+            check(
+                "tf_matches_gd_nll_at_largest_L",
+                abs(tf[hi]["nll"] - gd[hi]["nll"]),
+                hi=cfg.match_nll_tol,
+                detail=f"L = {hi}: TF {tf[hi]['nll']:.4f} vs GD {gd[hi]['nll']:.4f}",
+            ),
+        ]
+    out += [
         check(
-            "tf_matches_gd_acc_at_largest_L",
-            abs(tf[hi]["acc"] - gd[hi]["acc"]),
-            hi=cfg.match_acc_tol,
-            detail=f"L = {hi}: TF {tf[hi]['acc']:.4f} vs GD {gd[hi]['acc']:.4f} (claims 11-12)",
-        ),
-        check(
-            "tf_matches_gd_nll_at_largest_L",
-            abs(tf[hi]["nll"] - gd[hi]["nll"]),
-            hi=cfg.match_nll_tol,
-            detail=f"L = {hi}: TF {tf[hi]['nll']:.4f} vs GD {gd[hi]['nll']:.4f}",
+            "tf_approaches_gd_with_L",
+            max(gap[hi][0] - gap[lo][0], gap[hi][1] - gap[lo][1]),
+            hi=0.0,
+            detail=f"GD − TF accuracy gap {[round(gap[L][0], 4) for L in Ls]} and TF − GD NLL gap "
+            f"{[round(gap[L][1], 4) for L in Ls]} over L = {Ls}: both smaller at L = {hi} than at L = {lo}"
+            + (
+                f"; TF ≈ GD is checked from L = {cfg.match_min_L} (the paper's matching L)"
+                if hi < cfg.match_min_L
+                else ""
+            ),
         ),
         check(
             "gd_below_bayes_rate",
@@ -399,7 +476,7 @@ FIG2_RBF = register(
                 match_nll_tol=0.2,
                 data_efficiency_tol=0.03,
             ),
-            # spec §4.0: 1-layer rbf lr 1e-3 for both GD and TF, the CatSetup defaults
+            # spec §4.0: 1-layer rbf lr 1e-3 for both GD and TF (paper_optimiser)
             "paper": dict(n_blocks=1, kernel="rbf", L_grid=(2048, 4096, 8192, 16384, 32768)),
         },
         run=run_sweep_L,
@@ -424,18 +501,16 @@ FIG4_LEFT = register(
                 "eval_every": 20,
                 "n_blocks": 2,
                 "L_grid": (512, 2048),
-                # the paper's own 2-block TF is 0.524 at L = 2048 (it matches GD only at L ~ 32k), so at quick's
-                # L <= 2048 and 100 updates this claim is expected to fail; kept at fig2's quick tolerance
-                "match_acc_tol": 0.05,
-                "match_nll_tol": 0.2,
+                # the paper's own 2-block TF is 0.524 at L = 2048 and matches GD only at L = 32768 (claim 12): at
+                # quick's L <= 2048 the claim is that the gap closes with L, the match is the paper preset's. (A
+                # larger L adds nothing here: 100 updates of 64 see 6400 contexts, so L = 8192 is fresh sampling.)
+                "match_min_L": 32768,
                 "data_efficiency_tol": 0.03,
                 "gd_acc_expected": 0.718,
                 "gd_acc_tol": 0.05,
                 "gap_small_L": 0.05,
             },
-            "paper": dict(
-                n_blocks=2, lr_gd=5e-4, lr_tf=5e-4, gd_acc_expected=0.718, match_acc_tol=0.02, gap_small_L=0.15
-            ),
+            "paper": dict(n_blocks=2, gd_acc_expected=0.718, match_acc_tol=0.02, gap_small_L=0.15),
         },
         run=run_sweep_L,
         plot=plot_sweep_L,
@@ -571,6 +646,7 @@ FIG3 = register(
 
 @dataclass(frozen=True, kw_only=True)
 class ImageConfig(CatSetup):
+    data: ClassVar[Literal["synthetic", "image"]] = "image"
     d: int = 64
     num_classes: int = 5
     d_embed: int = 5  # the paper's value is stripped (spec §4.2 [FLAG])
@@ -581,6 +657,9 @@ class ImageConfig(CatSetup):
     kernel: Literal["linear", "rbf", "exp", "laplacian", "softmax"] = "linear"
     extractor: Literal["random_relu", "pixels"] = "random_relu"
     width: int = 64
+    #: your own features instead of the digits stand-in: an .npz with 'features' (N, F), 'labels' (N,) and optionally
+    #: 'train_classes' / 'test_classes' (``tasks.feature_file_episodes``); set d = F (e.g. 512 for VGG16 features)
+    features_path: str | None = None
     L: int = 2048
     blocks: tuple[int, ...] = (1, 2, 3)
     probe_l2: float = 1e-2  # the converged reference probe (LinearProbe)
@@ -588,10 +667,24 @@ class ImageConfig(CatSetup):
     probe_tol: float = 0.02  # claim 18: GD (2-3 blocks) within this of the authors' probe
 
 
+def image_episodes(cfg: ImageConfig) -> tuple[FeatureEpisodes, FeatureEpisodes]:
+    """Training and test episodes of Fig. 4 (right): the user's feature file if given, else the digits stand-in;
+    the episode shape (ways = C, shots = N / C, feature width = d) is checked against the config first."""
+    require(cfg, "n", cfg.n % cfg.num_classes == 0, f"a multiple of num_classes = {cfg.num_classes} (ways × shots)")
+    shots = cfg.n // cfg.num_classes
+    if cfg.features_path is None:
+        train = digits_episodes("train", ways=cfg.num_classes, shots=shots, extractor=cfg.extractor, width=cfg.width)
+        test = digits_episodes("test", ways=cfg.num_classes, shots=shots, extractor=cfg.extractor, width=cfg.width)
+    else:
+        train, test = feature_file_episodes(cfg.features_path, ways=cfg.num_classes, shots=shots)
+    F = train.feature_dim
+    require(cfg, "d", cfg.d == F, f"the feature width F = {F}" + (f" of {cfg.features_path}" if cfg.features_path else f" of the '{cfg.extractor}' extractor"))  # fmt: skip
+    return train, test
+
+
 def run_image(cfg: ImageConfig, ctx: RunContext) -> dict[str, Any]:
     dtype = getattr(torch, cfg.dtype)
-    train_eps = digits_episodes("train", extractor=cfg.extractor, width=cfg.width)
-    test_eps = digits_episodes("test", extractor=cfg.extractor, width=cfg.width)
+    train_eps, test_eps = image_episodes(cfg)
     val = test_eps.sample(cfg.val_size, cfg.n, generator=generator(derive_seed(0, "val")), dtype=dtype)
     test = test_eps.sample(cfg.test_size, cfg.n, generator=generator(derive_seed(0, "test")), dtype=torch.float64)
     probes = {
@@ -960,6 +1053,7 @@ class GdInitConfig(CatSetup):
     init_tol: float = 1e-4  # |test NLL of the TF at step 0 − GD's| (float32 rounding only)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         pos = "an int >= 1"
         require(self, "n_blocks", isinstance(self.n_blocks, int) and self.n_blocks >= 1, pos)
         require(self, "L", isinstance(self.L, int) and self.L >= 1, pos)

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require
+from iclab.core.io import atomic_torch_save
 from iclab.core.seeding import derive_seed
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.language import LanguageGD, LanguageGPT, generate, next_token_nll, repeated_ngram_fraction
@@ -43,7 +44,7 @@ class LanguageConfig:
     """Defaults: the paper's model sizes (d' = 512, 8 heads, 256 positions, 1 layer, dropout 0.1) and
     optimiser, on the generated corpus (its BPE vocabulary saturates at ~790 ids: every word merged)."""
 
-    seeds: int = 1
+    seeds: int = 5  # spec §4.0: 5 seeds, error bars = std over seeds
     stories: int = 20_000
     vocab_size: int = 4096
     seq_len: int = 256
@@ -58,7 +59,7 @@ class LanguageConfig:
     lr: float = 1e-3
     weight_decay: float = 1e-2
     clip: float = 1.0
-    eval_every: int = 250
+    eval_every: int = 250  # validation NLL every this many steps; the reported model is the best one (early stopping)
     eval_windows: int = 512  # held-out windows for the validation curve and the test metrics (cap)
     prompts: int = 200  # held-out stories continued (the paper grades 200)
     prompt_tokens: int = 128  # the model gets the first min(prompt_tokens, len/2) tokens (the paper's rule)
@@ -155,6 +156,30 @@ def evaluate_tokens(model: nn.Module, inputs: Tensor, targets: Tensor, batch: in
     return {"nll": nll / count, "perplexity": math.exp(nll / count), "accuracy": correct / count}
 
 
+class BestCheckpoint:
+    """Early stopping (spec 004 §4.0: reported numbers are those at the best validation NLL) as a trainer snapshot
+    function: every call measures the validation windows in eval mode and, when the NLL is the lowest so far, writes
+    the parameters to ``path`` (atomically; an interrupted run resumes with the best model it had found)."""
+
+    def __init__(self, path: Path, inputs: Tensor, targets: Tensor) -> None:
+        self.path, self.inputs, self.targets = path, inputs, targets
+        self.best = float(torch.load(path, weights_only=True)["val_nll"]) if path.exists() else math.inf
+
+    def __call__(self, model: nn.Module) -> dict[str, Tensor]:
+        training = model.training
+        m = evaluate_tokens(model, self.inputs, self.targets)
+        model.train(training)
+        if m["nll"] < self.best:
+            self.best = m["nll"]
+            atomic_torch_save(self.path, {"val_nll": m["nll"], "model": model.state_dict()})
+        return {"val_nll": torch.tensor(m["nll"]), "val_accuracy": torch.tensor(m["accuracy"])}
+
+    def load_best(self, model: nn.Module) -> nn.Module:
+        """``model`` with the best parameters written so far."""
+        model.load_state_dict(torch.load(self.path, weights_only=True)["model"])
+        return model
+
+
 def unigram_nll(data: StoryLanguageData, targets: Tensor) -> float:
     """NLL of add-one-smoothed train-split token frequencies: the no-context reference."""
     counts = torch.bincount(data.streams["train"], minlength=data.vocab_size).double() + 1
@@ -187,7 +212,8 @@ def run(cfg: LanguageConfig, ctx: RunContext) -> dict[str, Any]:
     V = data.vocab_size
     val_in, val_tg = (t[: cfg.eval_windows] for t in data.windows("validation"))
     test_in, test_tg = (t[: cfg.eval_windows] for t in data.windows("test"))
-    val_ep = token_episode(val_in.to(ctx.device), val_tg.to(ctx.device))
+    val_in, val_tg = val_in.to(ctx.device), val_tg.to(ctx.device)
+    val_ep = token_episode(val_in, val_tg)
 
     def sample(batch: int, *, generator: torch.Generator, dtype: torch.dtype) -> Episode:
         inputs, targets = data.batch("train", batch, generator=generator)
@@ -207,28 +233,32 @@ def run(cfg: LanguageConfig, ctx: RunContext) -> dict[str, Any]:
                 weight_decay=cfg.weight_decay,
                 clip=cfg.clip,
                 clip_mode="global",
-                eval_every=cfg.eval_every,
+                eval_every=0,  # the validation curve is the early-stopping snapshot's (eval mode)
+                snapshot_every=cfg.eval_every,
                 eval_batch=1,
                 checkpoint_every=max(1, cfg.steps // 5),
                 log_every=max(1, cfg.eval_every // 5),
                 seed=derive_seed(seed, "data"),
                 progress=True,
             )
+            run_dir = ctx.subdir(name, f"seed{seed}")
+            best = BestCheckpoint(run_dir / "best_model.pt", val_in, val_tg)
             res = train(
                 model,
                 sample,
                 tc,
-                out_dir=ctx.subdir(name, f"seed{seed}"),
+                out_dir=run_dir,
                 device=ctx.device,
                 loss_fn=token_loss,
                 test_episode=val_ep,
+                snapshot_fn=best,
                 progress=ctx.progress,
                 description=f"wang2025.language {name} seed {seed}",
             )
-            model = res.model.to(ctx.device)
+            model = best.load_best(res.model.to(ctx.device))
             metrics = evaluate_tokens(model, test_in.to(ctx.device), test_tg.to(ctx.device))
             gen = continuations(model, data, cfg)
-            steps, val = res.curve("test_loss")
+            steps, val = res.snapshot_steps, res.snapshots["val_nll"].tolist()
             out["runs"].append(
                 {
                     "model": name,
@@ -238,6 +268,8 @@ def run(cfg: LanguageConfig, ctx: RunContext) -> dict[str, Any]:
                     "parameters": model.num_parameters(),
                     "attention_parameters": (model.q_diag if name != "gpt" else model.w_qkv).numel(),  # type: ignore[union-attr]
                     "train_seconds": res.seconds,
+                    "best_step": steps[val.index(min(val))],
+                    "best_val_nll": min(val),
                     "curve_steps": steps,
                     "curve_val_nll": val,
                 }
@@ -368,6 +400,7 @@ def claims(results: dict[str, Any], cfg: LanguageConfig) -> list[ClaimResult]:
 
 
 _QUICK = dict(
+    seeds=1,
     stories=4000,
     vocab_size=1024,
     seq_len=64,
@@ -390,6 +423,7 @@ LANGUAGE = register(
         config=LanguageConfig,
         presets={
             "smoke": dict(
+                seeds=1,
                 stories=300,
                 vocab_size=300,
                 seq_len=32,

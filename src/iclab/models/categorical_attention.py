@@ -282,6 +282,11 @@ class _EmbeddingModel(nn.Module):
         lo, hi = int(labels.min()), int(labels.max())
         require(name, "labels", lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
                 f"values in [{lo}, {hi}]")  # fmt: skip
+        if episode.label_query is not None:  # the loss and the metrics index the logits with it
+            q = episode.label_query
+            lo, hi = int(q.min()), int(q.max())
+            require(name, "label_query", lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
+                    f"values in [{lo}, {hi}]")  # fmt: skip
         if episode.dtype != self.W_free.dtype:
             raise ShapeError(
                 f"{name} has {self.W_free.dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={self.W_free.dtype}))"

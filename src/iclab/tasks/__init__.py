@@ -10,6 +10,7 @@ from iclab.tasks.gaussian_process import GaussianProcess as GaussianProcess
 from iclab.tasks.gaussian_process import TwoLayerReLUNetwork as TwoLayerReLUNetwork
 from iclab.tasks.image_episodes import FeatureEpisodes as FeatureEpisodes
 from iclab.tasks.image_episodes import digits_episodes as digits_episodes
+from iclab.tasks.image_episodes import feature_file_episodes as feature_file_episodes
 from iclab.tasks.language import StoryLanguageData as StoryLanguageData
 from iclab.tasks.linear_regression import AHN2023_SPECTRUM as AHN2023_SPECTRUM
 from iclab.tasks.linear_regression import LinearRegression as LinearRegression

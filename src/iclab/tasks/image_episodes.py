@@ -23,6 +23,7 @@ query image is never one of the context images, and every draw uses the caller's
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -240,3 +241,40 @@ def digits_episodes(
     feats, labels = digits_features(extractor, width, seed)
     classes = DIGITS_TRAIN_CLASSES if split == "train" else DIGITS_TEST_CLASSES
     return FeatureEpisodes(feats, labels, ways=ways, shots=shots, classes=classes)
+
+
+def feature_file_episodes(
+    path: str | Path, *, ways: int = 5, shots: int = 10, test_fraction: float = 0.1
+) -> tuple[FeatureEpisodes, FeatureEpisodes]:
+    """Training and test episodes from a user's own feature file, e.g. real ImageNet VGG16 features (N × 512).
+
+    ``path`` is an ``.npz`` holding ``features`` (N, F) and ``labels`` (N,), and optionally ``train_classes`` and
+    ``test_classes`` (disjoint class ids). Without them the classes are split by id: the largest
+    ⌈test_fraction · #classes⌉ ids are the test classes (the paper's 900 / 100 split of ImageNet at 0.1).
+    Returns ``(train, test)``; every check of :class:`FeatureEpisodes` applies to both.
+    """
+    owner = "feature_file_episodes"
+    path = Path(path)
+    require(owner, "path", path.is_file(), "an existing .npz file", str(path))
+    require(owner, "test_fraction", 0 < test_fraction < 1, "a float in (0, 1)", test_fraction)
+    with np.load(path, allow_pickle=False) as f:
+        arrays = {k: f[k] for k in f.files}
+    missing = [k for k in ("features", "labels") if k not in arrays]
+    require(owner, "path", not missing, "an .npz with arrays 'features' (N, F) and 'labels' (N,)",
+            f"{path.name} without {missing} (arrays: {sorted(arrays)})")  # fmt: skip
+    labels = np.asarray(arrays["labels"])
+    if "train_classes" in arrays or "test_classes" in arrays:
+        require(owner, "path", "train_classes" in arrays and "test_classes" in arrays,
+                "both 'train_classes' and 'test_classes', or neither", sorted(arrays))  # fmt: skip
+        train_c, test_c = (sorted(int(c) for c in np.asarray(arrays[k]).ravel()) for k in ("train_classes", "test_classes"))  # fmt: skip
+    else:
+        ids = sorted(int(c) for c in np.unique(labels))
+        k = math.ceil(test_fraction * len(ids))
+        require(owner, "labels", len(ids) - k >= 1, "at least two classes (one to train on, one to test)",
+                f"{len(ids)} class(es)")  # fmt: skip
+        train_c, test_c = ids[: len(ids) - k], ids[len(ids) - k :]
+    both = sorted(set(train_c) & set(test_c))
+    require(owner, "test_classes", not both, "disjoint from train_classes", f"shared ids {both}")
+    train = FeatureEpisodes(arrays["features"], labels, ways=ways, shots=shots, classes=train_c)
+    test = FeatureEpisodes(arrays["features"], labels, ways=ways, shots=shots, classes=test_c)
+    return train, test

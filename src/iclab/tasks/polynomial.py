@@ -59,27 +59,32 @@ def all_monomials(d: int, degree: int) -> Tensor:
     return torch.tensor(rows, dtype=torch.long)
 
 
-def monomial_set(d: int, monomials: str | int | Tensor | tuple[tuple[int, ...], ...]) -> Tensor:
-    """Resolve a named set, a degree or explicit exponents to a validated (M, d) long tensor."""
+def monomial_set(
+    d: int, monomials: str | int | Tensor | tuple[tuple[int, ...], ...], owner: str = "PolynomialRegression"
+) -> Tensor:
+    """Resolve a named set, a degree or explicit exponents to a validated (M, d) long tensor.
+
+    ``owner`` names the caller in error messages (``FeatureLeastSquares.monomials must be ...``).
+    """
     require("monomial_set", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
     if isinstance(monomials, str):
-        require("PolynomialRegression", "monomials", monomials in MONOMIAL_SETS, f"one of {MONOMIAL_SETS}, an int degree >= 0 or an (M, d) exponent table", monomials)  # fmt: skip
+        require(owner, "monomials", monomials in MONOMIAL_SETS, f"one of {MONOMIAL_SETS}, an int degree >= 0 or an (M, d) exponent table", monomials)  # fmt: skip
         if monomials == "quadratic":
             return all_monomials(d, 2)
-        require("PolynomialRegression", "d", d == 4, "4 for monomials='sparse_cubic' (Sec. 4.2)", d)
+        require(owner, "d", d == 4, "4 for monomials='sparse_cubic' (Sec. 4.2)", d)
         return torch.tensor(SPARSE_CUBIC, dtype=torch.long)
     if isinstance(monomials, int) and not isinstance(monomials, bool):
-        require("PolynomialRegression", "monomials", monomials >= 0, "a degree >= 0", monomials)
+        require(owner, "monomials", monomials >= 0, "a degree >= 0", monomials)
         return all_monomials(d, monomials)
     try:
         a = torch.as_tensor(monomials)
     except (TypeError, ValueError):
         a = None
     ok = a is not None and a.dim() == 2 and a.shape[0] >= 1 and a.shape[1] == d and not a.is_floating_point()
-    require("PolynomialRegression", "monomials", ok, f"an (M, {d}) table of integer exponents", monomials)
+    require(owner, "monomials", ok, f"an (M, {d}) table of integer exponents", monomials)
     assert a is not None
-    require("PolynomialRegression", "monomials", bool((a >= 0).all()), "non-negative exponents", a.tolist())
-    require("PolynomialRegression", "monomials", len({tuple(r) for r in a.tolist()}) == a.shape[0], "distinct monomials", a.tolist())  # fmt: skip
+    require(owner, "monomials", bool((a >= 0).all()), "non-negative exponents", a.tolist())
+    require(owner, "monomials", len({tuple(r) for r in a.tolist()}) == a.shape[0], "distinct monomials", a.tolist())  # fmt: skip
     return a.long()
 
 
