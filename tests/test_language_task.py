@@ -12,7 +12,14 @@ from torch import Tensor
 
 import iclab
 from iclab.core.errors import ConfigError
-from iclab.tasks.language import EOT, IGNORE_INDEX, StoryLanguageData, story_corpus, train_tokenizer
+from iclab.tasks.language import (
+    EOT,
+    IGNORE_INDEX,
+    StoryLanguageData,
+    story_consistency,
+    story_corpus,
+    train_tokenizer,
+)
 from iclab.theory.categorical import language_parameter_counts
 
 
@@ -226,3 +233,43 @@ def test_language_parameter_counts_reproduce_the_spec() -> None:
     assert small["gpt"]["qkv"] == 2 * 3 * 2 * 64 and small["gd"]["w_o"] == 2 * 2 * 64
     with pytest.raises(ConfigError, match=r"language_parameter_counts\.heads must be an int >= 1; got 0"):
         language_parameter_counts(heads=0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(story=st.integers(0, 499), cut=st.floats(0.0, 1.0))
+def test_every_true_ending_is_consistent(story: int, cut: float) -> None:
+    """The grader finds no error in the corpus' own text, wherever the story is cut (mid-word too: a name or a
+    "named X" may straddle the cut)."""
+    text = story_corpus(500, seed=7)[story]
+    k = int(cut * len(text))
+    assert story_consistency(text[:k], text[k:]) == {
+        "unknown_name": 0,
+        "extra_character": 0,
+        "self_reference": 0,
+        "object_switch": 0,
+    }
+
+
+@pytest.mark.parametrize(
+    ("continuation", "error"),
+    [
+        (" Tim found the kite.", "unknown_name"),  # a third name, never introduced
+        (" Zoe showed the kite to Zoe.", "self_reference"),
+        (' "Thank you, Zoe!" said Zoe.', "self_reference"),
+        (" Zoe and Zoe liked to sing songs together.", "self_reference"),
+        (" But then the wind blew the ball away.", "object_switch"),
+    ],
+)
+def test_consistency_errors_are_named(continuation: str, error: str) -> None:
+    prompt = "Once upon a time, there was a kind fox named Zoe. Zoe had a friend named Max. Zoe found a green kite."
+    errors = story_consistency(prompt, continuation)
+    assert errors[error] >= 1 and sum(errors.values()) == errors[error] + errors["extra_character"]
+    assert story_consistency(prompt, ' Max said, "What a nice kite!" Zoe was happy.') == dict.fromkeys(errors, 0)
+
+
+def test_a_character_introduced_in_the_continuation_is_known() -> None:
+    """The friend may first appear after the prompt ("a friend named Max"); a third character is an extra one."""
+    prompt = "Once upon a time, there was a kind fox named Zoe."
+    assert sum(story_consistency(prompt, " Zoe had a friend named Max. Max was shy.").values()) == 0
+    e = story_consistency(prompt, " Zoe had a friend named Max. Zoe had a friend named Tim.")
+    assert e["extra_character"] == 1 and e["unknown_name"] == 0

@@ -52,3 +52,13 @@ def test_language_smoke_reports_the_early_stopped_model(tmp_path) -> None:
         assert r["best_val_nll"] == min(r["curve_val_nll"])
         assert r["best_step"] == r["curve_steps"][r["curve_val_nll"].index(r["best_val_nll"])]
     assert LanguageConfig().seeds == 5
+
+
+def test_language_config_rejects_bad_schedules() -> None:
+    from iclab.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="LanguageConfig.schedule must be 'constant' or 'cosine'; got 'step'"):
+        LanguageConfig(schedule="step")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"LanguageConfig.warmup_steps must be an int in \[0, steps = 100\)"):
+        LanguageConfig(steps=100, warmup_steps=100)
+    assert LanguageConfig().schedule == "constant"  # the authors' constant lr

@@ -265,11 +265,12 @@ def _curves_panel(ax: Any, rows: list[dict[str, Any]], title: str) -> None:
 
 def plot_fig1(results: dict[str, Any], cfg: Fig1Config, out: Path) -> list[Path]:
     rows = results["rows"]
-    fig, axes = subplots(1, len(cfg.ds))
+    fig, axes = subplots(1, len(cfg.ds) + 1)
     for i, d in enumerate(cfg.ds):
         ax = axes[0, i]
         ax.plot(cfg.test_ns, results["least_squares"][d], "k:", lw=0.8, label="least squares on monomials")
-        _length_panel(ax, cfg, [r for r in rows if r["d"] == d], "model", f"({'abc'[i]}) d = {d}, d̄ = {cfg.d_bar}", pf.affine_floor(d))  # fmt: skip
+        _length_panel(ax, cfg, [r for r in rows if r["d"] == d], "model", f"({'ab'[i] if i < 2 else i}) d = {d}, d̄ = {cfg.d_bar}", pf.affine_floor(d))  # fmt: skip
+    _short_prompt_panel(axes[0, -1], cfg, [r for r in rows if r["d"] == cfg.ds[-1]])
     paths = [save(fig, out / "fig1.png")]
     fig, axes = subplots(len(cfg.ds), len(cfg.blocks))
     for i, d in enumerate(cfg.ds):
@@ -277,6 +278,21 @@ def plot_fig1(results: dict[str, Any], cfg: Fig1Config, out: Path) -> list[Path]
             _curves_panel(axes[i, j], [r for r in rows if r["d"] == d and r["model"] == f"L{L}"], f"d = {d}, L = {L} (Fig. 5-9)")  # fmt: skip
     paths.append(save(fig, out / "fig5_9.png"))
     return paths
+
+
+def _short_prompt_panel(ax: Any, cfg: Fig1Config, rows: list[dict[str, Any]]) -> None:
+    """Fig. 1(c): the models of the last d on log-log axes with a c/n line through the deepest model's loss
+    at the longest test length. The paper says only that (c) shows the loss rising for shorter prompts "aligned with
+    Thm. 2" (spec 003 §4.2 [FLAG]); the 1/n line is Thm. 2's rate, so the panel shows how far each model follows it."""
+    _length_panel(ax, cfg, rows, "model", f"(c) d = {cfg.ds[-1]}: short prompts, log-log", None)  # (a)'s colours
+    bil = [r for r in rows if r["model"] != "linear"]
+    deepest = max((r for r in bil), key=lambda r: int(r["model"][1:]), default=None)
+    if deepest is not None:
+        ns = torch.tensor(cfg.test_ns, dtype=torch.float64)
+        c = float(deepest["length_loss"][-1]) * cfg.test_ns[-1]
+        ax.plot(ns.numpy(), (c / ns).numpy(), ls="--", color="gray", lw=0.8, label=f"∝ 1/n (Thm. 2 rate, through {deepest['model']})")  # fmt: skip
+    ax.set_xscale("log")
+    ax.legend(fontsize=7)
 
 
 def _mean(rows: list[dict[str, Any]], cfg: BilinearSetup, n: int) -> float:

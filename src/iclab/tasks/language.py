@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -199,6 +200,53 @@ def _story(r: random.Random) -> str:
     if r.random() < 0.7:
         s.append(f"The moral of the story is that {r.choice(_MORALS)}.")
     return " ".join(s)
+
+
+_NAME_RE = re.compile(r"\b(" + "|".join(_NAMES) + r")\b")
+_OBJECT_RE = re.compile(r"\b(" + "|".join(_OBJECTS) + r")\b")
+_INTRO_RE = re.compile(r"\b(?:named|called) (" + "|".join(_NAMES) + r")\b")
+_SELF_RES = (  # one character on both sides of a two-character template
+    re.compile(r"\b(\w+) showed the \w+ to \1\b"),
+    re.compile(r'"Thank you, (\w+)!" said \1\b'),
+    re.compile(r"\b(\w+) and \1\b"),
+)
+
+
+def story_consistency(prompt: str, continuation: str) -> dict[str, int]:
+    """Consistency errors of a continuation of a generated story (:func:`story_corpus`), the measurable part of the
+    "Consistency" grade the paper asks GPT-4o for (Wang et al. 2025 App. J). Every story has exactly two
+    characters and one object, so with the grammar known a continuation can be checked mechanically:
+
+    * ``unknown_name``: a name used in the continuation that is neither in the prompt nor introduced in the
+      continuation first ("named X" / "called X");
+    * ``extra_character``: each distinct name beyond the story's two;
+    * ``self_reference``: one character on both sides of a two-character template ("X showed the kite to X",
+      '"Thank you, X!" said X', "X and X");
+    * ``object_switch``: an object word other than the story's object (the first one in the prompt, else in the
+      continuation).
+
+    Returns the four counts (0 everywhere for every true ending of the corpus; tested).
+    """
+    unknown, text, start = 0, prompt + continuation, len(prompt)
+    mentions = list(_NAME_RE.finditer(text))  # on the joined text: a cut may fall inside a word
+    known = {m.group(1) for m in mentions if m.end(1) <= start}  # names the prompt holds whole
+    introduced = {m.start(1) for m in _INTRO_RE.finditer(text)}  # "named X" may straddle the cut, and so may X
+    for m in (m for m in mentions if m.end(1) > start):
+        if m.start(1) in introduced:
+            known.add(m.group(1))
+        elif m.group(1) not in known:
+            unknown += 1
+            known.add(m.group(1))  # counted once
+    objects = list(_OBJECT_RE.finditer(text))
+    story_object = objects[0].group(1) if objects else None
+    return {
+        "unknown_name": unknown,
+        "extra_character": max(0, len({m.group(1) for m in mentions}) - 2),
+        "self_reference": sum(
+            1 for r in _SELF_RES for m in r.finditer(text) if m.end() > start and m.group(1) in _NAMES
+        ),
+        "object_switch": sum(1 for m in objects if m.end(1) > start and m.group(1) != story_object),
+    }
 
 
 def story_corpus(count: int = 4000, *, seed: int = 0) -> list[str]:
