@@ -200,6 +200,26 @@ def test_mc_loss_merges_chunks_exactly() -> None:
     assert se == pytest.approx(float(err.std() / math.sqrt(err.numel())), rel=1e-10)
 
 
+def test_mc_loss_of_a_diverging_learner_is_infinite_not_an_error() -> None:
+    """A trained deep model can blow up on rare prompts (errors ~1e200 in float64, docs/papers/sun2025.md); the
+    chunk merge then gives (inf, inf), which the claims report as failing, instead of raising OverflowError."""
+
+    class Huge:
+        def __init__(self, scale: float) -> None:
+            self.scale = scale
+
+        def predict(self, ep):
+            return self.scale * (1 + ep.x_query[:, 0].abs())
+
+    task = paper_task(weight_prior="identity")
+    mean, se = mc_loss(Huge(1e200), task, N, 100, generator=generator(6), chunks=4)  # (ŷ − y)² overflows
+    assert mean == math.inf and se == math.inf
+    mean, se = mc_loss(Huge(1e150), task, N, 100, generator=generator(6), chunks=4)  # finite, its spread is not
+    assert 1e300 < mean < math.inf and se == math.inf
+    mean, se = mc_loss(Huge(math.nan), task, N, 100, generator=generator(6), chunks=4)
+    assert math.isnan(mean) and math.isnan(se)
+
+
 # --- Lemmas 4 and 5, scale symmetry -------------------------------------------------------------
 @pytest.mark.parametrize("pattern", ["sparse", "pattern11"])
 def test_lemma5_label_in_slot_shifts_the_output_by_y_query(pattern: str) -> None:

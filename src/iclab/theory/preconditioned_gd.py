@@ -322,22 +322,31 @@ def mc_loss(
 
     ``batch`` prompts from ``task.sample`` in ``chunks`` consecutive draws (to bound memory); the
     same generator state and chunking give the same prompts, so two learners can be compared on
-    common random numbers. The per-chunk means and spreads are merged exactly (Chan et al.).
+    common random numbers. The per-chunk means and spreads are merged exactly (Chan et al.). A learner whose error
+    is inf on some prompt gives (inf, inf), nan on some prompt (nan, nan): reported, not raised.
     """
     _check_int("mc_loss", "n", n)
     _check_int("mc_loss", "batch", batch, low=2)
     _check_int("mc_loss", "chunks", chunks)
     require("mc_loss", "chunks", chunks <= batch, f"at most batch = {batch}", chunks)
-    count, mean, m2 = 0, 0.0, 0.0
+    count, mean, m2, broken = 0, 0.0, 0.0, None
     with torch.no_grad():
         for size in (batch // chunks + (i < batch % chunks) for i in range(chunks)):
             ep = task.sample(size, n, generator=generator, dtype=dtype)
             err = ((learner.predict(ep) - ep.y_query) ** 2).to(F64)  # (size,)
+            if not bool(torch.isfinite(err).all()):  # a learner that diverges on some prompt: (inf, inf), or nan
+                broken = (
+                    math.nan if bool(err.isnan().any()) or (broken is not None and math.isnan(broken)) else math.inf
+                )
+                continue
             c_mean, c_m2 = float(err.mean()), float(((err - err.mean()) ** 2).sum())
             delta, total = c_mean - mean, count + size
-            mean, m2 = mean + delta * size / total, m2 + c_m2 + delta**2 * count * size / total
+            # products, not ``delta**2``: errors near the float64 limit make the spread inf, not an OverflowError
+            mean, m2 = mean + delta * size / total, m2 + c_m2 + delta * delta * count * size / total
             count = total
-    return mean, math.sqrt(m2 / (count - 1) / count)
+    if broken is not None:
+        return broken, broken
+    return mean, math.sqrt(m2 / (count - 1) / count) if math.isfinite(m2) else math.inf
 
 
 def best_constant_step(
