@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import iclab
+from iclab.algorithms import CategoricalFunctionalGD
 from iclab.algorithms.classification import (
     BayesClassifier,
     BudgetProbe,
@@ -43,8 +44,12 @@ LEARNERS = {
     "bayes": lambda: BayesClassifier(),
     "ncm": lambda: NearestClassMean(C),
     "freq": lambda: LabelFrequency(C),
+    "categorical-fgd": lambda: CategoricalFunctionalGD("softmax", torch.tensor([1.5, 1.0], dtype=F64)),
 }
-KNOWN_LIMITS = {("bayes", "rejects_bad_labels"): "an oracle: reads the task, not the context labels"}
+KNOWN_LIMITS = {
+    ("bayes", "rejects_bad_labels"): "an oracle: reads the task, not the context labels",
+    ("categorical-fgd", "shape_and_normalised"): "returns the paper's read-out W_eᵀf (logits), not log-probabilities",
+}
 
 
 def _episode(batch: int = 6, n: int = 12, seed: int = 1) -> iclab.Episode:
@@ -74,7 +79,7 @@ def check_context_order_invariant(learner) -> None:
 def check_rejects_bad_labels(learner) -> None:
     ep = _episode()
     bad = replace(ep, labels=ep.labels.clone().fill_(C))
-    with pytest.raises(ConfigError, match=rf"labels must be in \[0, {C}\); got 'values in \[{C}, {C}\]'"):
+    with pytest.raises(ConfigError, match=rf"labels must be in \[0, (C = )?{C}\); got 'values in \[{C}, {C}\]'"):
         learner.predict(bad)
 
 

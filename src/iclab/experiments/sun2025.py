@@ -268,8 +268,13 @@ def plot_fig1(results: dict[str, Any], cfg: Fig1Config, out: Path) -> list[Path]
     fig, axes = subplots(1, len(cfg.ds) + 1)
     for i, d in enumerate(cfg.ds):
         ax = axes[0, i]
-        ax.plot(cfg.test_ns, results["least_squares"][d], "k:", lw=0.8, label="least squares on monomials")
-        _length_panel(ax, cfg, [r for r in rows if r["d"] == d], "model", f"({'ab'[i] if i < 2 else i}) d = {d}, d̄ = {cfg.d_bar}", pf.affine_floor(d))  # fmt: skip
+        ls = results["least_squares"][d]
+        if max(ls) > 1e-8:
+            ax.plot(cfg.test_ns, ls, "k:", lw=0.8, label="least squares on monomials")
+        else:  # n >= #monomials: noise-free least squares interpolates, a line at 1e-28 would squash the panel
+            ax.plot([], [], "k:", lw=0.8, label="least squares on monomials: 0 (exact)")
+        panel = {3: "a", 4: "b"}.get(d, str(i))  # the paper's panels: (a) d = 3, (b) d = 4
+        _length_panel(ax, cfg, [r for r in rows if r["d"] == d], "model", f"({panel}) d = {d}, d̄ = {cfg.d_bar}", pf.affine_floor(d))  # fmt: skip
     _short_prompt_panel(axes[0, -1], cfg, [r for r in rows if r["d"] == cfg.ds[-1]])
     paths = [save(fig, out / "fig1.png")]
     fig, axes = subplots(len(cfg.ds), len(cfg.blocks))
@@ -292,6 +297,8 @@ def _short_prompt_panel(ax: Any, cfg: Fig1Config, rows: list[dict[str, Any]]) ->
         c = float(deepest["length_loss"][-1]) * cfg.test_ns[-1]
         ax.plot(ns.numpy(), (c / ns).numpy(), ls="--", color="gray", lw=0.8, label=f"∝ 1/n (Thm. 2 rate, through {deepest['model']})")  # fmt: skip
     ax.set_xscale("log")
+    ax.set_xticks(list(cfg.test_ns), [str(n) for n in cfg.test_ns], minor=False)
+    ax.set_xticks([], minor=True)
     ax.legend(fontsize=7)
 
 
