@@ -6,7 +6,8 @@
 backward + global-norm clipping + Adam, for the 2-block GD model (the paper's "GD", Fig. 3/4) and the 2-block
 Trained TF (free matrices, same skeleton). The authors' PyTorch port takes 330 ms for this 512-context step on
 this 2-core CPU (spec 004 issue). Prints ms per step, contexts/s and achieved GFLOP/s (matmul-family FLOPs,
-``torch.utils.flop_counter``) against this machine's measured float32 matmul peak.
+``torch.utils.flop_counter``) against this machine's measured float32 matmul peak; writes
+benchmarks/results/bench-categorical-<device>.json.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from pathlib import Path
 
 import torch
 
 from iclab.bench import matmul_peak, measure_step
 from iclab.core.devices import resolve_device, tune_cpu_allocator
+from iclab.core.io import atomic_write_json
 from iclab.core.seeding import generator
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.tasks.categorical import RBFMixtureCategorical
@@ -55,6 +58,7 @@ def main() -> None:
         r["fraction_of_peak"] = r["achieved_gflops"] / peak
         out[f"{mode}_2block"] = r
     print(json.dumps(out, indent=2))
+    atomic_write_json(Path(__file__).parent / "results" / f"bench-categorical-{device.type}.json", out)
 
 
 if __name__ == "__main__":

@@ -44,3 +44,51 @@ def test_train_from_yaml(tmp_path) -> None:
     assert "final test loss" in res.output
     bad = runner.invoke(app, ["train", "--config", str(cfg), "train.lr=-1"])
     assert bad.exit_code == 2 and "TrainConfig.lr must be a float > 0" in bad.output
+
+
+def test_cli_turns_on_deterministic_kernels_and_opts_out() -> None:
+    """Seeded runs are bit-reproducible with several threads only with PyTorch's deterministic kernels: the CLI turns
+    them on (``--no-deterministic`` opts out) and leaves the process as it found it here."""
+    import torch
+
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        assert runner.invoke(app, ["list"]).exit_code == 0
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(False)
+        assert runner.invoke(app, ["--no-deterministic", "list"]).exit_code == 0
+        assert not torch.are_deterministic_algorithms_enabled()  # left as PyTorch's default
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def test_deterministic_training_is_bit_reproducible_on_two_threads() -> None:
+    """Two seeded runs of a model with embedding look-ups (whose backward accumulates in a thread-dependent order
+    without deterministic kernels) give bit-identical parameters on 2 threads."""
+    import torch
+
+    from iclab.core.seeding import use_deterministic_algorithms
+    from iclab.models.language import LanguageGD, next_token_nll
+
+    def run() -> torch.Tensor:
+        torch.manual_seed(0)
+        model = LanguageGD(50, 16, 2, 24)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(8):
+            tokens = torch.randint(0, 50, (64, 25), generator=g)
+            opt.zero_grad()
+            next_token_nll(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+            opt.step()
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    threads, before = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.set_num_threads(2)
+        use_deterministic_algorithms()
+        assert torch.equal(run(), run())
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(before)

@@ -45,12 +45,19 @@ def _setup(
     tune_allocator: Annotated[
         bool, typer.Option(help="keep freed tensor memory in the process (glibc; ~25% faster CPU steps)")
     ] = True,
+    deterministic: Annotated[
+        bool, typer.Option(help="PyTorch's deterministic kernels: seeded runs bit-reproducible with several threads")
+    ] = True,
 ) -> None:
     """In-context learning lab: reproduce papers, train models, benchmark."""
     if tune_allocator:
         from iclab.core.devices import tune_cpu_allocator
 
         tune_cpu_allocator()
+    if deterministic:
+        from iclab.core.seeding import use_deterministic_algorithms
+
+        use_deterministic_algorithms()
 
 
 @app.command("list")

@@ -466,7 +466,7 @@ _QUICK = dict(
     batch_size=32,
     eval_every=100,
     eval_windows=128,
-    prompts=16,
+    prompts=48,  # the consistency fraction's resolution (16 gave 1/16 steps and flipped claims between runs)
     prompt_tokens=32,
     new_tokens=40,
 )
