@@ -38,6 +38,16 @@ def require(owner: Any, field: str, ok: bool, allowed: str, got: Any = None) -> 
     raise ConfigError(f"{_owner_name(owner)}.{field} must be {allowed}; got {got!r}")
 
 
+def is_int(value: Any, low: int) -> bool:
+    """``value`` is an int (not a bool) >= ``low``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def require_int(owner: Any, field: str, value: Any, low: int = 1, note: str = "") -> None:
+    """Raise ``ConfigError`` naming ``owner.field`` unless ``value`` is an int (not a bool) >= ``low``."""
+    require(owner, field, is_int(value, low), f"an int >= {low}" + (f" ({note})" if note else ""), value)
+
+
 def require_shape(owner: str, field: str, shape: tuple[int, ...], expected: tuple[Any, ...], note: str = "") -> None:
     """Raise ``ShapeError`` unless ``shape`` matches ``expected`` (``None`` entries match anything)."""
     if len(shape) == len(expected) and all(e is None or e == s for s, e in zip(shape, expected, strict=True)):

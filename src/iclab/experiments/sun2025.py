@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from iclab import algorithms, constructions, tasks
-from iclab.core.errors import require
+from iclab.core.errors import is_int, require, require_int
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.bilinear import FFNS, ORDERS, BilinearTransformer, BilinearTransformerConfig
@@ -47,13 +47,9 @@ QUICK = dict(seeds=1, n=50, batch_size=256, steps=700, lr=1e-2, warmup_steps=50,
 CONVERGED_LOSS_L4_D3 = 1e-3
 
 
-def _is_int(v: Any, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
 def _require_ints(owner: Any, name: str, values: Any, low: int, *, min_len: int = 1) -> None:
     """``owner.name`` must be a tuple of at least ``min_len`` distinct ints >= ``low``."""
-    ok = isinstance(values, tuple | list) and len(values) >= min_len and all(_is_int(v, low) for v in values)
+    ok = isinstance(values, tuple | list) and len(values) >= min_len and all(is_int(v, low) for v in values)
     ok = ok and len(set(values)) == len(values)
     require(owner, name, ok, f"a tuple of at least {min_len} distinct int(s) >= {low}", values)
 
@@ -96,13 +92,13 @@ class BilinearSetup:
     def __post_init__(self) -> None:
         """Reject bad sizes before any model trains (a d̄ too small for the last d of a sweep used to fail only after
         the earlier d had trained). Subclasses check their own tuple fields first, then call this."""
-        require(self, "seeds", _is_int(self.seeds, 1), "an int >= 1")
-        require(self, "d", _is_int(self.d, 1), "an int >= 1")
-        require(self, "n", _is_int(self.n, 1), "an int >= 1 (context pairs per training prompt)")
+        require_int(self, "seeds", self.seeds, 1)
+        require_int(self, "d", self.d, 1)
+        require_int(self, "n", self.n, 1, "context pairs per training prompt")
         _require_ints(self, "test_ns", self.test_ns, 1)
-        require(self, "test_batch", _is_int(self.test_batch, 2), "an int >= 2 (Monte-Carlo prompts per test length)")
-        require(self, "subnet_batch", _is_int(self.subnet_batch, 1), "an int >= 1")
-        require(self, "d_bar", _is_int(self.d_bar, 1), "an int >= 1")
+        require_int(self, "test_batch", self.test_batch, 2, "Monte-Carlo prompts per test length")
+        require_int(self, "subnet_batch", self.subnet_batch, 1)
+        require_int(self, "d_bar", self.d_bar, 1)
         for d in self._model_ds():
             low = self._min_d_bar(d)
             require(self, "d_bar", self.d_bar >= low, f"an int >= {low} for d = {d} (BilinearTransformerConfig's minimum: d + 1, d + 2 for a sparse FFN)")  # fmt: skip
@@ -210,7 +206,7 @@ class Fig1Config(BilinearSetup):
     def __post_init__(self) -> None:
         _require_ints(self, "ds", self.ds, 1)
         _require_ints(self, "blocks", self.blocks, 1)
-        require(self, "linear_layers", _is_int(self.linear_layers, 1), "an int >= 1")
+        require_int(self, "linear_layers", self.linear_layers, 1)
         require(self, "margin", isinstance(self.margin, int | float) and self.margin > 0, "a float > 0")
         super().__post_init__()
 
@@ -291,7 +287,7 @@ def _short_prompt_panel(ax: Any, cfg: Fig1Config, rows: list[dict[str, Any]]) ->
     Thm. 2" (spec 003 §4.2 [FLAG]); the 1/n line is Thm. 2's rate, so the panel shows how far each model follows it."""
     _length_panel(ax, cfg, rows, "model", f"(c) d = {cfg.ds[-1]}: short prompts, log-log", None)  # (a)'s colours
     bil = [r for r in rows if r["model"] != "linear"]
-    deepest = max((r for r in bil), key=lambda r: int(r["model"][1:]), default=None)
+    deepest = max(bil, key=lambda r: int(r["model"][1:]), default=None)
     if deepest is not None:
         ns = torch.tensor(cfg.test_ns, dtype=torch.float64)
         c = float(deepest["length_loss"][-1]) * cfg.test_ns[-1]
@@ -400,8 +396,8 @@ class Fig2Config(BilinearSetup):
 
     def __post_init__(self) -> None:
         _require_choices(self, "variants", self.variants, tuple(f for f in FFNS if f != "none"))
-        require(self, "n_blocks", _is_int(self.n_blocks, 1), "an int >= 1")
-        require(self, "linear_layers", _is_int(self.linear_layers, 1), "an int >= 1")
+        require_int(self, "n_blocks", self.n_blocks, 1)
+        require_int(self, "linear_layers", self.linear_layers, 1)
         super().__post_init__()
 
     def _min_d_bar(self, d: int) -> int:
@@ -517,11 +513,11 @@ class Fig3Config:
     r2_min: float = 0.99
 
     def __post_init__(self) -> None:
-        require(self, "d", _is_int(self.d, 1), "an int >= 1")
-        q = math.comb(self.d + 2, 2) if _is_int(self.d, 1) else 1
-        require(self, "d_bar", _is_int(self.d_bar, q), f"an int >= C(d+2, 2) = {q} (one scratch row per quadratic monomial)")  # fmt: skip
+        require_int(self, "d", self.d, 1)
+        q = math.comb(self.d + 2, 2)
+        require(self, "d_bar", is_int(self.d_bar, q), f"an int >= C(d+2, 2) = {q} (one scratch row per quadratic monomial)")  # fmt: skip
         _require_ints(self, "ns", self.ns, 1, min_len=2)  # a log-log slope needs two n
-        require(self, "prompts", _is_int(self.prompts, 2), "an int >= 2")
+        require_int(self, "prompts", self.prompts, 2)
 
 
 def run_fig3(cfg: Fig3Config, ctx: RunContext) -> dict[str, Any]:
@@ -612,7 +608,7 @@ class Fig4Config(BilinearSetup):
     n_trains: tuple[int, ...] = (100, 150, 200, 250)  # App. H (App. I says 280 for the last one)
 
     def __post_init__(self) -> None:
-        require(self, "n_blocks", _is_int(self.n_blocks, 1), "an int >= 1")
+        require_int(self, "n_blocks", self.n_blocks, 1)
         _require_ints(self, "n_trains", self.n_trains, 1)
         super().__post_init__()
 
@@ -824,10 +820,10 @@ class ConstructionsConfig:
 
     def __post_init__(self) -> None:
         _require_ints(self, "ds", self.ds, 1)
-        require(self, "n", _is_int(self.n, 1), "an int >= 1")
-        require(self, "n_blocks", _is_int(self.n_blocks, 1), "an int >= 1")
-        require(self, "prompts", _is_int(self.prompts, 2), "an int >= 2")
-        require(self, "prop4_n", _is_int(self.prop4_n, 1), "an int >= 1")
+        require_int(self, "n", self.n, 1)
+        require_int(self, "n_blocks", self.n_blocks, 1)
+        require_int(self, "prompts", self.prompts, 2)
+        require_int(self, "prop4_n", self.prop4_n, 1)
 
 
 def run_constructions(cfg: ConstructionsConfig, ctx: RunContext) -> dict[str, Any]:

@@ -278,15 +278,12 @@ class _EmbeddingModel(nn.Module):
             raise ShapeError(f"{name} needs a classification episode (integer labels); got a regression episode")
         if episode.d != cfg.d:
             raise ShapeError(f"{name} was built for d={cfg.d}; got an episode with d={episode.d}")
-        labels = episode.labels
-        lo, hi = int(labels.min()), int(labels.max())
-        require(name, "labels", lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
-                f"values in [{lo}, {hi}]")  # fmt: skip
-        if episode.label_query is not None:  # the loss and the metrics index the logits with it
-            q = episode.label_query
-            lo, hi = int(q.min()), int(q.max())
-            require(name, "label_query", lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
-                    f"values in [{lo}, {hi}]")  # fmt: skip
+        # the query label too: the loss and the metrics index the logits with it
+        for field, labels in (("labels", episode.labels), ("label_query", episode.label_query)):
+            if labels is not None:
+                lo, hi = int(labels.min()), int(labels.max())
+                require(name, field, lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
+                        f"values in [{lo}, {hi}]")  # fmt: skip
         if episode.dtype != self.W_free.dtype:
             raise ShapeError(
                 f"{name} has {self.W_free.dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={self.W_free.dtype}))"

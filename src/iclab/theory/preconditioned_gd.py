@@ -25,7 +25,7 @@ from torch import Tensor
 
 from iclab.constructions.linear_attention import gd_plus_plus
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.learner import Learner
 from iclab.core.numerics import as_vector, dist_to_identity, is_psd, sym_inv_sqrt
 from iclab.models.linear_attention import LinearTransformer
@@ -38,11 +38,6 @@ F64 = torch.float64
 
 
 # --- argument checks ----------------------------------------------------------------------------
-def _check_int(owner: str, field: str, value: object, low: int = 1) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    require(owner, field, ok, f"an int >= {low}", value)
-
-
 def _psd(owner: str, field: str, m: Tensor | Sequence[Sequence[float]], d: int | None = None) -> Tensor:
     """``m`` as a float64 (d, d) symmetric PSD matrix with a positive trace, or a ``ConfigError``."""
     m = torch.as_tensor(m).to(F64)
@@ -76,7 +71,7 @@ def one_layer_loss_tensor(
     which predicts with Γᵀ. Both orientations agree for symmetric Γ. ``Gamma`` (..., d, d) -> (...).
     """
     owner = "one_layer_loss"
-    _check_int(owner, "n", n)
+    require_int(owner, "n", n)
     S = _psd(owner, "Sigma", Sigma)
     d = S.shape[0]
     Sw = torch.eye(d, dtype=F64, device=S.device) if w_cov is None else _psd(owner, "w_cov", w_cov, d)
@@ -107,7 +102,7 @@ def theorem1_preconditioner(Sigma: Tensor, n: int, *, noise_var: float = 0.0) ->
     Ahn et al. 2023, Thm 1, eq. (6) in the closed form of spec 002 §2.1 (σ² = 0 is the paper's).
     The label noise only enlarges the ridge-like term. Isotropic: Γ⋆ = n/(n+d+1) I (eq. 7).
     """
-    _check_int("theorem1_preconditioner", "n", n)
+    require_int("theorem1_preconditioner", "n", n)
     S = _psd("theorem1_preconditioner", "Sigma", Sigma)
     s2 = _noise("theorem1_preconditioner", noise_var)
     eye = torch.eye(S.shape[0], dtype=F64, device=S.device)
@@ -119,7 +114,7 @@ def theorem1_loss(Sigma: Tensor, n: int, *, noise_var: float = 0.0) -> float:
 
     λ_j are the eigenvalues of Σ; w⋆ ~ N(0, I). Isotropic, noiseless: d(d+1)/(n+d+1).
     """
-    _check_int("theorem1_loss", "n", n)
+    require_int("theorem1_loss", "n", n)
     S = _psd("theorem1_loss", "Sigma", Sigma)
     s2 = _noise("theorem1_loss", noise_var)
     lam = torch.linalg.eigvalsh((S + S.T) / 2).clamp_min(0)
@@ -129,15 +124,15 @@ def theorem1_loss(Sigma: Tensor, n: int, *, noise_var: float = 0.0) -> float:
 
 def theorem1_isotropic_scale(d: int, n: int) -> float:
     """n/(n+d+1): Γ⋆ = this · I for Σ = I (eq. 7), and the best 1-step a⋆ of Thm 3 for any Σ."""
-    _check_int("theorem1_isotropic_scale", "d", d)
-    _check_int("theorem1_isotropic_scale", "n", n)
+    require_int("theorem1_isotropic_scale", "d", d)
+    require_int("theorem1_isotropic_scale", "n", n)
     return n / (n + d + 1)
 
 
 def theorem1_isotropic_loss(d: int, n: int) -> float:
     """d(d+1)/(n+d+1): the 1-layer optimum for Σ = I (eq. 7) and for Thm 3 data with L = 1."""
-    _check_int("theorem1_isotropic_loss", "d", d)
-    _check_int("theorem1_isotropic_loss", "n", n)
+    require_int("theorem1_isotropic_loss", "d", d)
+    require_int("theorem1_isotropic_loss", "n", n)
     return d * (d + 1) / (n + d + 1)
 
 
@@ -167,7 +162,7 @@ def _wishart_chunks(d: int, n: int, samples: int, generator: torch.Generator, ch
 
 def _check_wishart(owner: str, d: int, n: int, samples: int, chunk: int) -> None:
     for field, value in (("d", d), ("n", n), ("samples", samples), ("chunk", chunk)):
-        _check_int(owner, field, value)
+        require_int(owner, field, value)
 
 
 def wishart_eigenvalues(d: int, n: int, samples: int, *, generator: torch.Generator, chunk: int = 100_000) -> Tensor:
@@ -188,7 +183,7 @@ def wishart_trace_moments(
     Exact values for reference: m_0 = d, m_1 = d, m_2 = d(n+d+1)/n (spec 002 §5.1).
     """
     _check_wishart("wishart_trace_moments", d, n, samples, chunk)
-    _check_int("wishart_trace_moments", "kmax", kmax, low=0)
+    require_int("wishart_trace_moments", "kmax", kmax, low=0)
     total = torch.zeros(kmax + 1, dtype=F64, device=generator.device)
     total[0] = d * samples
     for w in _wishart_chunks(d, n, samples, generator, chunk):
@@ -219,14 +214,14 @@ def one_step_scalar_loss(a: float, d: int, n: int) -> float:
 
     Minimised at a⋆ = n/(n+d+1) with φ⋆ = d(d+1)/(n+d+1) (spec 002 §2.4, L = 1).
     """
-    _check_int("one_step_scalar_loss", "d", d)
-    _check_int("one_step_scalar_loss", "n", n)
+    require_int("one_step_scalar_loss", "d", d)
+    require_int("one_step_scalar_loss", "n", n)
     return d - 2 * a * d + a * a * d * (n + d + 1) / n
 
 
 def trace_moments(eigs: Tensor, kmax: int) -> Tensor:
     """m_k = E tr W^k = mean over samples of Σ_j λ_j^k for k = 0..kmax, (kmax+1,) (spec 002 §5.1)."""
-    _check_int("trace_moments", "kmax", kmax, low=0)
+    require_int("trace_moments", "kmax", kmax, low=0)
     require("trace_moments", "eigs", eigs.dim() == 2, "a (samples, d) tensor", tuple(eigs.shape))
     k = torch.arange(kmax + 1, dtype=F64, device=eigs.device)
     return (eigs.to(F64)[..., None] ** k).sum(1).mean(0)
@@ -274,7 +269,7 @@ def theorem3_optimum(
     """
     owner = "theorem3_optimum"
     for field, value in (("d", d), ("n", n), ("L", L), ("samples", samples), ("starts", starts)):
-        _check_int(owner, field, value)
+        require_int(owner, field, value)
     if moments is None:
         exact = 2 * L <= WISHART_KMAX
         moments = (
@@ -325,27 +320,26 @@ def mc_loss(
     common random numbers. The per-chunk means and spreads are merged exactly (Chan et al.). A learner whose error
     is inf on some prompt gives (inf, inf), nan on some prompt (nan, nan): reported, not raised.
     """
-    _check_int("mc_loss", "n", n)
-    _check_int("mc_loss", "batch", batch, low=2)
-    _check_int("mc_loss", "chunks", chunks)
+    require_int("mc_loss", "n", n)
+    require_int("mc_loss", "batch", batch, low=2)
+    require_int("mc_loss", "chunks", chunks)
     require("mc_loss", "chunks", chunks <= batch, f"at most batch = {batch}", chunks)
-    count, mean, m2, broken = 0, 0.0, 0.0, None
+    count, mean, m2, diverged, nan_seen = 0, 0.0, 0.0, False, False
     with torch.no_grad():
         for size in (batch // chunks + (i < batch % chunks) for i in range(chunks)):
             ep = task.sample(size, n, generator=generator, dtype=dtype)
             err = ((learner.predict(ep) - ep.y_query) ** 2).to(F64)  # (size,)
             if not bool(torch.isfinite(err).all()):  # a learner that diverges on some prompt: (inf, inf), or nan
-                broken = (
-                    math.nan if bool(err.isnan().any()) or (broken is not None and math.isnan(broken)) else math.inf
-                )
+                diverged, nan_seen = True, nan_seen or bool(err.isnan().any())
                 continue
             c_mean, c_m2 = float(err.mean()), float(((err - err.mean()) ** 2).sum())
             delta, total = c_mean - mean, count + size
             # products, not ``delta**2``: errors near the float64 limit make the spread inf, not an OverflowError
             mean, m2 = mean + delta * size / total, m2 + c_m2 + delta * delta * count * size / total
             count = total
-    if broken is not None:
-        return broken, broken
+    if diverged:
+        bad = math.nan if nan_seen else math.inf
+        return bad, bad
     return mean, math.sqrt(m2 / (count - 1) / count) if math.isfinite(m2) else math.inf
 
 
@@ -488,9 +482,9 @@ def theorem4_optimum(
     """
     owner = "theorem4_optimum"
     for field, value in (("d", d), ("n", n), ("L", L), ("samples", samples), ("starts", starts)):
-        _check_int(owner, field, value)
-    _check_int(owner, "search_samples", search_samples)
-    _check_int(owner, "refine", refine)
+        require_int(owner, field, value)
+    require_int(owner, "search_samples", search_samples)
+    require_int(owner, "refine", refine)
     require(owner, "a_bound", a_bound > 0 and b_bound > 0, "positive bounds", (a_bound, b_bound))
     episode = LinearRegression(d=d).sample(samples, n, generator=generator, dtype=F64)
     bounds = [(-a_bound, a_bound)] * L + [(-b_bound, b_bound)] * (L - 1)
@@ -516,8 +510,8 @@ def theorem4_optimum(
 # --- Theorem 5: one layer of ReLU attention, isotropic ----------------------------------------------
 def theorem5_scale(d: int, n: int) -> float:
     """c⋆ = 2n/(n+2d+3): the global minimiser Q_0 = −c⋆ [[I, 0], [0, 0]] of Thm 5 (Sec. 6; A.4)."""
-    _check_int("theorem5_scale", "d", d)
-    _check_int("theorem5_scale", "n", n)
+    require_int("theorem5_scale", "d", d)
+    require_int("theorem5_scale", "n", n)
     return 2 * n / (n + 2 * d + 3)
 
 
@@ -529,13 +523,13 @@ def relu_one_layer_loss(scale: float, d: int, n: int) -> float:
     here; spec 002 §2.6 gives its minimum], minimised at c⋆ = :func:`theorem5_scale` with
     f(c⋆) = :func:`theorem5_loss`.
     """
-    _check_int("relu_one_layer_loss", "d", d)
-    _check_int("relu_one_layer_loss", "n", n)
+    require_int("relu_one_layer_loss", "d", d)
+    require_int("relu_one_layer_loss", "n", n)
     return d - scale * d + scale * scale * d * (n + 2 * d + 3) / (4 * n)
 
 
 def theorem5_loss(d: int, n: int) -> float:
     """f⋆ = d(2d+3)/(n+2d+3), the Thm-5 optimum (65/33 ≈ 1.9697 at d = 5, n = 20; spec 002 §2.6)."""
-    _check_int("theorem5_loss", "d", d)
-    _check_int("theorem5_loss", "n", n)
+    require_int("theorem5_loss", "d", d)
+    require_int("theorem5_loss", "n", n)
     return d * (2 * d + 3) / (n + 2 * d + 3)
