@@ -43,7 +43,7 @@ def test_k_blocks_are_k_steps_of_categorical_gd(kernel: str) -> None:
     for K in range(1, 7):
         gd = constructions.categorical_gd(W, _steps(K, K), d=10, kernel=kernel, scale=0.8)
         free = constructions.gd_form(gd)
-        alg = gd.algorithm()
+        alg = constructions.gd_algorithm(gd)
         lat = alg.latents(ep)  # (K+1, B, n+1, d')
         S, S_free = gd.states(ep), free.states(ep)
         assert_close(S[..., -5:], lat, rtol=1e-12, atol=1e-12)  # F slot = f_k
@@ -182,7 +182,7 @@ def test_erasure_caveat() -> None:
     unit = dataclasses.replace(ep, x=ep.x / ep.x.norm(dim=-1, keepdim=True),
                                x_query=ep.x_query / ep.x_query.norm(dim=-1, keepdim=True))  # fmt: skip
     assert_close(bad.predict(unit), ref.predict(unit), rtol=1e-12, atol=1e-12)
-    assert_close(bad.predict(unit), ref.algorithm().predict(unit), rtol=1e-12, atol=1e-12)
+    assert_close(bad.predict(unit), constructions.gd_algorithm(ref).predict(unit), rtol=1e-12, atol=1e-12)
 
 
 def _signed_permutations(d: int) -> list[torch.Tensor]:

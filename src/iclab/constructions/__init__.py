@@ -6,6 +6,7 @@ from iclab.constructions.bilinear import kernel_gd_block as kernel_gd_block
 from iclab.constructions.bilinear import prop4_counterexample as prop4_counterexample
 from iclab.constructions.bilinear import quadratic_ffn_weights as quadratic_ffn_weights
 from iclab.constructions.categorical_attention import categorical_gd as categorical_gd
+from iclab.constructions.categorical_attention import gd_algorithm as gd_algorithm
 from iclab.constructions.categorical_attention import gd_form as gd_form
 from iclab.constructions.categorical_attention import single_step as single_step
 from iclab.constructions.kernel_attention import functional_gd as functional_gd

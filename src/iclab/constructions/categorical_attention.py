@@ -11,10 +11,11 @@
       cross:   W_Q^c = [0 0 0 I_{d'}],  W_K^c = I_{d'},  W_V^c: E ← I_{d'},  P^c = I                  (38)-(43)
 
 * :func:`gd_form` — the free model with the weights of a given GD-mode model (same W_e, α, a, λ).
+* :func:`gd_algorithm` — the :class:`~iclab.algorithms.CategoricalFunctionalGD` a GD-mode model computes.
 * :func:`single_step` — the one-head model of §3.5 (eq. 20-22): W_Q = W_K = a[I_d 0 0], W_V the U block,
   P = diag(α) from U to F; also as a free D₁×D₁ model.
 
-Both parameterisations equal :class:`iclab.algorithms.CategoricalFunctionalGD` (``model.algorithm()``) at
+Both parameterisations equal :class:`iclab.algorithms.CategoricalFunctionalGD` (:func:`gd_algorithm`) at
 every token; the tests check it in float64 to 1e-12 for K = 1..6 and every kernel.
 """
 
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from iclab.algorithms.functional_gd import CategoricalFunctionalGD
 from iclab.core.errors import require
 from iclab.models.categorical_attention import (
     CategoricalTransformer,
@@ -84,6 +86,29 @@ def categorical_gd(
         model.alpha.copy_(alpha)
         model.scale.fill_(float(scale))
     return gd_form(model) if free else model
+
+
+def gd_algorithm(model: CategoricalTransformer) -> CategoricalFunctionalGD:
+    """The :class:`~iclab.algorithms.CategoricalFunctionalGD` a GD-mode ``model`` computes (detached): K steps
+    of functional GD with the model's W_e, per-block α_k ∈ R^{d'} as preconditioner and kernel scale a (§3.2-3.3)."""
+    cfg = model.config
+    require(
+        "constructions.gd_algorithm",
+        "model",
+        cfg.mode == "gd",
+        "a mode='gd' CategoricalTransformer (a free model computes no fixed algorithm)",
+        cfg.mode,
+    )
+    alpha = model.alpha.detach().expand(cfg.n_blocks, -1)
+    a = float(model.scale.detach())
+    return CategoricalFunctionalGD(
+        cfg.kernel,
+        torch.ones(cfg.n_blocks, dtype=alpha.dtype),
+        transform=a * torch.eye(cfg.d, dtype=alpha.dtype),
+        embeddings=model.W_e.detach(),
+        preconditioner=alpha.clone(),
+        divide_by_n=cfg.divide_by_n and cfg.kernel != "softmax",
+    )
 
 
 @torch.no_grad()

@@ -22,7 +22,7 @@ from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.common import LinearSetup, curve, make_task, seed_runs, train_model
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
-from iclab.reporting.figures import band, heatmap, save, subplots
+from iclab.plotting import band, heatmap, save, subplots
 from iclab.tasks import LinearRegression
 from iclab.theory import preconditioned_gd as th
 

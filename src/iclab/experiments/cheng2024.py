@@ -36,7 +36,7 @@ from iclab.core.numerics import dist_to_identity, sym_sqrt
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.kernel_attention import KernelTransformer, KernelTransformerConfig
-from iclab.reporting.figures import band, save, subplots
+from iclab.plotting import band, save, subplots
 from iclab.tasks.gaussian_process import CHENG2024_SPECTRUM, GaussianProcess
 from iclab.training import TrainConfig, train
 

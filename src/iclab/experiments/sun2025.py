@@ -32,7 +32,7 @@ from iclab.core.errors import is_int, require, require_int
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.bilinear import FFNS, ORDERS, BilinearTransformer, BilinearTransformerConfig
-from iclab.reporting.figures import band, save, subplots
+from iclab.plotting import band, save, subplots
 from iclab.theory import mc_loss
 from iclab.theory import polynomial_features as pf
 from iclab.training import TrainConfig, TrainResult, train
@@ -728,7 +728,7 @@ def run_theorem5(cfg: Theorem5Config, ctx: RunContext) -> dict[str, Any]:
 
 
 def plot_theorem5(results: dict[str, Any], cfg: Theorem5Config, out: Path) -> list[Path]:
-    from iclab.reporting.figures import heatmap
+    from iclab.plotting import heatmap
 
     rows = results["rows"]
     fig, axes = subplots(1, 3)

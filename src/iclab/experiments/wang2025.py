@@ -51,7 +51,7 @@ from iclab.models.categorical_attention import (
     CategoricalTransformerConfig,
     SingleStepCategorical,
 )
-from iclab.reporting.figures import band, heatmap, save, subplots
+from iclab.plotting import band, heatmap, save, subplots
 from iclab.tasks.categorical import QuadrantCategorical, RBFMixtureCategorical, query_grid
 from iclab.tasks.image_episodes import FeatureEpisodes, digits_episodes, feature_file_episodes
 from iclab.training import TrainConfig, train

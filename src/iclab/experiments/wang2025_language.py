@@ -30,7 +30,7 @@ from iclab.core.io import atomic_torch_save
 from iclab.core.seeding import derive_seed
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.language import LanguageGD, LanguageGPT, generate, next_token_nll, repeated_ngram_fraction
-from iclab.reporting.figures import save, subplots
+from iclab.plotting import save, subplots
 from iclab.tasks.language import IGNORE_INDEX, StoryLanguageData, story_consistency
 from iclab.theory.categorical import language_parameter_counts
 from iclab.training import TrainConfig, train

@@ -28,7 +28,7 @@ from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
 from iclab.models.reduced_attention import MergedAttention, SeparateAttention
-from iclab.reporting.figures import heatmap, save, subplots
+from iclab.plotting import heatmap, save, subplots
 from iclab.tasks.linear_regression import LinearRegression, rotated_covariance
 from iclab.tasks.linear_regression_mixture import InWeightMixture, fixed_weight
 from iclab.theory import attention_dynamics as ad

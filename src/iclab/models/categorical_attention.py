@@ -21,7 +21,7 @@ and, for :meth:`predict_points`, m queries after the n context tokens. Initially
 diagonal step per block, or one for all blocks when ``shared``), a kernel scale a (W_Q = W_K = a[I_d 0];
 not learned for the linear kernel, where it only rescales α) and W_e. It is computed on the blocks
 directly (no zero blocks multiplied), and K blocks equal K steps of
-:class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:meth:`CategoricalTransformer.algorithm`).
+:class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:func:`iclab.constructions.gd_algorithm`).
 ``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
 W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
 :func:`iclab.constructions.categorical_gd` loads the GD form into a free model.
@@ -329,7 +329,7 @@ class CategoricalTransformer(_EmbeddingModel):
     """K attention blocks (2-head self-attention + softmax cross-attention to W_e) on (x; w_{e,y}; E; f) tokens.
 
     See the module docstring. ``predict(episode)`` -> (B, C) logits; :meth:`predict_points` evaluates many
-    queries at once; :meth:`states` returns every block's tokens; :meth:`algorithm` (GD mode) the
+    queries at once; :meth:`states` returns every block's tokens; :func:`iclab.constructions.gd_algorithm` (GD mode) the
     :class:`~iclab.algorithms.CategoricalFunctionalGD` it computes.
     """
 
@@ -467,23 +467,6 @@ class CategoricalTransformer(_EmbeddingModel):
                 F_ctx = F_ctx + alpha * weigh(w_c, V)
                 E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
         return F_q @ self.W_e
-
-    def algorithm(self) -> object:
-        """The :class:`~iclab.algorithms.CategoricalFunctionalGD` this GD-mode model computes (detached)."""
-        from iclab.algorithms.functional_gd import CategoricalFunctionalGD
-
-        cfg = self.config
-        require(self, "mode", cfg.mode == "gd", "'gd' (a free model computes no fixed algorithm)", cfg.mode)
-        alpha = self.alpha.detach().expand(cfg.n_blocks, -1)
-        a = float(self.scale.detach())
-        return CategoricalFunctionalGD(
-            cfg.kernel,
-            torch.ones(cfg.n_blocks, dtype=alpha.dtype),
-            transform=a * torch.eye(cfg.d, dtype=alpha.dtype),
-            embeddings=self.W_e.detach(),
-            preconditioner=alpha.clone(),
-            divide_by_n=cfg.divide_by_n and cfg.kernel != "softmax",
-        )
 
 
 # ---- the single-step model --------------------------------------------------------------------------------
