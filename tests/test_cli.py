@@ -43,7 +43,7 @@ def test_train_from_yaml(tmp_path) -> None:
     assert res.exit_code == 0, res.output
     assert "final test loss" in res.output
     bad = runner.invoke(app, ["train", "--config", str(cfg), "train.lr=-1"])
-    assert bad.exit_code == 2 and "TrainConfig.lr must be a float > 0" in bad.output
+    assert bad.exit_code == 2 and "error: train.lr must be a float > 0; got -1.0" in bad.output
 
 
 def test_cli_turns_on_deterministic_kernels_and_opts_out() -> None:

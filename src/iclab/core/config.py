@@ -5,6 +5,12 @@
 
 An unknown key fails with a suggestion (``unknown key 'model.n_layer'; did you mean 'n_layers'?``);
 a value of the wrong type names the field, the type wanted and the value got.
+
+Configs nest: a field typed as a dataclass (``train: TrainConfig``) takes a mapping, merged onto that
+field's default, so ``{"train": {"lr": 0.1}}`` changes the learning rate and keeps the rest of the
+default ``TrainConfig``. Every error names the full path from the outermost owner
+(``ahn2023.fig1.train.lr must be a float > 0; got -1``). :func:`route_shorthand` lets ``lr=0.1`` stand for
+``train.lr=0.1`` when exactly one nested config has a field of that name.
 """
 
 from __future__ import annotations
@@ -112,14 +118,90 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, *, owner: str | None = 
     hints = typing.get_type_hints(cls)
     for key in data:
         if key not in fields:
-            raise ConfigError(f"unknown key '{owner}.{key}'{did_you_mean(key, list(fields))}")
+            names = set(fields) | _nested_names(cls)
+            raise ConfigError(f"unknown key '{owner}.{key}'{did_you_mean(key, sorted(names))}")
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp) and isinstance(data[key], dict):
+            default = _default(fields[key])
+            if dataclasses.is_dataclass(default) and not isinstance(default, type):
+                data[key] = _deep_merge(to_dict(default), data[key])
     kwargs = {k: _coerce(owner, k, hints[k], v) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except ConfigError as e:
-        if owner == cls.__name__ or str(e).startswith(f"{owner}:"):
+        msg = str(e)
+        if owner == cls.__name__ or msg.startswith(f"{owner}.") or msg.startswith(f"{owner}:"):
             raise
-        raise ConfigError(f"{owner}: {e}") from None
+        if msg.startswith(f"{cls.__name__}."):  # TrainConfig.lr must be ... -> ahn2023.fig1.train.lr must be ...
+            raise ConfigError(owner + msg[len(cls.__name__) :]) from None
+        raise ConfigError(f"{owner}: {msg}") from None
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _nested_names(cls: type) -> set[str]:
+    """The field names of every config nested in ``cls`` (the shorthands an override may use)."""
+    hints = typing.get_type_hints(cls)
+    out: set[str] = set()
+    for f in _fields(cls).values():
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= set(_fields(hints[f.name])) | _nested_names(hints[f.name])
+    return out
+
+
+def nested_paths(cls: type, name: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every dotted path under the dataclass ``cls`` whose last part is the field ``name``, outermost first."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in _fields(cls).values():
+        path = (*prefix, f.name)
+        if f.name == name:
+            found.append(path)
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            found += nested_paths(tp, name, path)
+    return found
+
+
+def route_shorthand(cls: type, data: dict[str, Any], *, owner: str | None = None) -> dict[str, Any]:
+    """Move each top-level key of ``data`` that is not a field of ``cls`` to the one nested config that has it.
+
+    ``{"lr": 0.1}`` becomes ``{"train": {"lr": 0.1}}`` for a config with ``train: TrainConfig``; a name held by
+    two nested configs is refused as ambiguous, and an unknown name is left for :func:`from_dict` to reject.
+    """
+    owner = owner or cls.__name__
+    own = _fields(cls)
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        *parents, last = [key] if key in own else _route(cls, key, owner)
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        merge = isinstance(value, dict) and isinstance(node.get(last), dict)
+        node[last] = _deep_merge(node[last], value) if merge else value
+    return out
+
+
+def _route(cls: type, key: str, owner: str) -> list[str]:
+    """The full path of the shorthand ``key`` (itself when no nested config has it: from_dict then rejects it)."""
+    paths = [p for p in nested_paths(cls, key) if len(p) > 1]
+    if len(paths) > 1:
+        options = ", ".join(".".join(p) for p in paths)
+        raise ConfigError(f"'{owner}.{key}' is ambiguous: it could be any of {options}; write the full path")
+    return list(paths[0]) if paths else [key]
 
 
 def to_dict(obj: Any) -> Any:
@@ -149,12 +231,17 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), yaml.safe_load(raw) if raw != "" else ""
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str] | tuple[str, ...], *, cls: type | None = None, owner: str | None = None
+) -> dict[str, Any]:
     """Return a copy of ``data`` with each ``key.sub=value`` applied (the key path need not exist:
-    validation by :func:`from_dict` catches unknown keys)."""
+    validation by :func:`from_dict` catches unknown keys). With ``cls``, a first key that is not a field of
+    ``cls`` is routed to the one nested config that has it (:func:`route_shorthand`): ``lr=0.1`` -> ``train.lr``."""
     out = json.loads(json.dumps(data))
     for item in overrides:
         path, value = parse_override(item)
+        if cls is not None and path[0] not in _fields(cls):
+            path = [*_route(cls, path[0], owner or cls.__name__), *path[1:]]
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})

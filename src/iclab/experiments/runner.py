@@ -19,7 +19,7 @@ import torch
 import yaml
 from rich.progress import Progress
 
-from iclab.core.config import apply_overrides, config_hash, from_dict, to_dict
+from iclab.core.config import apply_overrides, config_hash, from_dict, route_shorthand, to_dict
 from iclab.core.devices import resolve_device
 from iclab.core.errors import ConfigError, did_you_mean
 from iclab.core.io import atomic_torch_save, atomic_write_json, atomic_write_text, read_json
@@ -40,7 +40,8 @@ class ExperimentResult:
 
     @property
     def passed(self) -> bool:
-        return all(c.passed for c in self.claims)
+        """Every checked claim passed (claims not checked at this preset do not count)."""
+        return all(c.passed for c in self.claims if c.checked)
 
     def claims_json(self) -> list[dict[str, Any]]:
         return [c.to_dict() for c in self.claims]
@@ -52,7 +53,8 @@ def resolve_config(
     """The experiment's config at ``preset`` with ``key=value`` overrides, validated."""
     if preset not in PRESETS:
         raise ConfigError(f"preset must be one of {list(PRESETS)}; got {preset!r}{did_you_mean(preset, list(PRESETS))}")
-    data = apply_overrides(dict(exp.presets[preset]), list(overrides))
+    data = route_shorthand(exp.config, dict(exp.presets[preset]), owner=exp.name)
+    data = apply_overrides(data, list(overrides), cls=exp.config, owner=exp.name)
     if seeds is not None:
         names = {f.name for f in dataclasses.fields(exp.config)}
         if "seeds" not in names:
@@ -61,6 +63,17 @@ def resolve_config(
             raise ConfigError(f"--seeds must be an int >= 1; got {seeds}")
         data["seeds"] = seeds
     return from_dict(exp.config, data, owner=exp.name)
+
+
+def judge(exp: Experiment, preset: str, claims: list[ClaimResult]) -> list[ClaimResult]:
+    """At ``smoke``, report the claims the card lists in ``smoke_unchecked`` as not checked, with its reason."""
+    if preset != "smoke":
+        return claims
+    names = {c.name for c in claims}
+    unknown = sorted(set(exp.smoke_unchecked) - names)
+    if unknown:
+        raise ConfigError(f"{exp.name}.smoke_unchecked names claims it does not make: {unknown}")
+    return [c.not_checked(exp.smoke_unchecked[c.name]) if c.name in exp.smoke_unchecked else c for c in claims]
 
 
 def run_experiment(
@@ -93,7 +106,7 @@ def run_experiment(
         results = exp.run(cfg, ctx)
         atomic_torch_save(results_path, results)
     figures = exp.plot(results, cfg, run_dir)
-    claims = exp.claims(results, cfg)
+    claims = judge(exp, preset, exp.claims(results, cfg))
     seconds = time.perf_counter() - t0
     if reused and (run_dir / "summary.json").is_file():
         seconds = float(read_json(run_dir / "summary.json").get("seconds", seconds))
@@ -104,7 +117,7 @@ def run_experiment(
             "experiment": exp.name,
             "preset": preset,
             "seconds": seconds,
-            "passed": all(c.passed for c in claims),
+            "passed": all(c.passed for c in claims if c.checked),
             "figures": [f.name for f in figures],
         },
     )

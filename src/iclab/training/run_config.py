@@ -20,7 +20,8 @@ from iclab.core.seeding import derive_seed, generator
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
 from iclab.tasks.linear_regression import LinearRegression
 from iclab.training.config import TrainConfig
-from iclab.training.trainer import TrainResult, train
+from iclab.training.run import ModelSpec, TrainingRun
+from iclab.training.trainer import TrainResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,16 +92,23 @@ def parse_run_config(data: dict[str, Any]) -> RunConfig:
     return RunConfig(task=task_cfg, model=model_cfg, train=train_cfg, seed=rest.seed, device=rest.device, out=rest.out)
 
 
+def to_training_run(cfg: RunConfig) -> TrainingRun:
+    """The :class:`TrainingRun` a YAML run config describes, in ``<out>/<config hash>/``."""
+    task = cfg.task.build(cfg.seed)
+    return TrainingRun(
+        name="train",
+        model=ModelSpec(LinearTransformer, cfg.model),
+        task=functools.partial(task.sample, n=cfg.task.n),
+        train=cfg.train,
+        seed=cfg.seed,
+        out_dir=Path(cfg.out) / config_hash(cfg),
+    )
+
+
 def run_training(cfg: RunConfig) -> tuple[TrainResult, Path]:
     """Train the configured model on the configured task in ``<out>/<config hash>/``."""
-    from dataclasses import replace
-
     from iclab.core.devices import resolve_device
 
-    device = resolve_device(cfg.device)
-    task = cfg.task.build(cfg.seed)
-    model = LinearTransformer(cfg.model, generator=generator(derive_seed(cfg.seed, "init")))
-    out = Path(cfg.out) / config_hash(cfg)
-    tcfg = replace(cfg.train, seed=cfg.seed)
-    result = train(model, functools.partial(task.sample, n=cfg.task.n), tcfg, out_dir=out, device=device)
-    return result, out
+    run = to_training_run(cfg)
+    assert run.out_dir is not None
+    return run.execute(device=resolve_device(cfg.device)), run.out_dir

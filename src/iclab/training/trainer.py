@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -28,6 +28,9 @@ from iclab.core.io import atomic_torch_save, atomic_write_text
 from iclab.core.seeding import derive_seed, generator
 from iclab.training.config import TrainConfig
 from iclab.training.optim import clip_gradients, lr_factor, make_optimizer
+
+if TYPE_CHECKING:
+    from iclab.training.population import Trajectory
 
 Sampler = Callable[..., Episode]  # sample(batch, *, generator, dtype) -> Episode, e.g. partial(task.sample, n=20)
 LossFn = Callable[[nn.Module, Episode], Tensor]
@@ -44,12 +47,19 @@ def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
 
 @dataclass
 class TrainResult:
+    """What one training run returns: the trained model (its final parameters), the metric history and the
+    parameter snapshots; ``name``/``seed`` say which :class:`~iclab.training.TrainingRun` it was, and the
+    reduced regimes (full-batch GD, population flow) put their :class:`~iclab.training.Trajectory` here."""
+
     model: nn.Module
     history: list[dict[str, float]]  # one row per logged step: step, train_loss, lr[, test_loss]
     snapshots: dict[str, Tensor] = field(default_factory=dict)  # name -> (S, ...) on CPU
     snapshot_steps: list[int] = field(default_factory=list)
     resumed_from: int | None = None
     seconds: float = 0.0
+    name: str = ""
+    seed: int = 0
+    trajectory: Trajectory | None = None
 
     @property
     def final_test_loss(self) -> float:
@@ -59,6 +69,11 @@ class TrainResult:
     def curve(self, key: str) -> tuple[list[int], list[float]]:
         rows = [r for r in self.history if key in r]
         return [int(r["step"]) for r in rows], [r[key] for r in rows]
+
+    def curve_tensor(self, key: str = "test_loss") -> tuple[Tensor, Tensor]:
+        """The logged curve of ``key`` as (steps (T,) int64, values (T,) float64) tensors."""
+        steps, values = self.curve(key)
+        return torch.tensor(steps, dtype=torch.int64), torch.tensor(values, dtype=torch.float64)
 
 
 class _Data:

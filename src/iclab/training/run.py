@@ -1,0 +1,176 @@
+"""One training run: the unit of work of every experiment (DESIGN: "an experiment's seed x config").
+
+    spec = TrainingRun(
+        name="seed0",
+        model=ModelSpec(LinearTransformer, LinearTransformerConfig(d=5, n_layers=3)),
+        task=functools.partial(task.sample, n=20),
+        train=TrainConfig(steps=2000, lr=0.02),
+        seed=0,
+        out_dir=Path("runs/ahn2023.fig1/quick-1a2b3c/seed0"),
+    )
+    result = spec.execute()                 # a TrainResult: final model, metric curves, snapshots
+
+A :class:`TrainingRun` is a frozen, picklable value (module-level functions and ``functools.partial`` of
+bound methods of picklable tasks pickle by reference), so a backend can ship it to another process or
+machine: :func:`execute_all` runs a list of them and is the one place that decides where they run.
+
+Three regimes share the spec:
+
+* ``"sampled"`` (default): the shared trainer (:func:`iclab.training.train`) on batches drawn from
+  ``task``, a sampler ``sample(batch, *, generator, dtype) -> Episode``; checkpointed and resumable in
+  ``out_dir``.
+* ``"full_batch"``: plain GD on fixed training sets (:func:`iclab.training.full_batch_gd`, Zhang et al.
+  2025's regime), ``task`` being the training :class:`Episode` or one per seed of a batched model.
+* ``"population"``: GD on the exact population loss (:func:`iclab.training.population_flow`), ``task``
+  being the covariance Λ; no data at all.
+
+The two reduced regimes record every ``train.eval_every`` steps and put the :class:`Trajectory` on the
+result (``TrainResult.trajectory``); their learning rate and step count are ``train.lr`` and ``train.steps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from rich.progress import Progress
+from torch import Tensor, nn
+
+from iclab.core.episode import Episode
+from iclab.core.errors import ConfigError, require
+from iclab.core.seeding import derive_seed, generator
+from iclab.training.config import TrainConfig
+from iclab.training.population import Trajectory, full_batch_gd, population_flow
+from iclab.training.trainer import LossFn, SnapshotFn, TrainResult, mse_loss, train
+
+Regime = Literal["sampled", "full_batch", "population"]
+REGIMES = ("sampled", "full_batch", "population")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build a model: its class, its config (passed first) and/or keyword arguments.
+
+    ``build(generator)`` calls ``cls(config, **kwargs, generator=generator)`` (``config`` left out when
+    None), so the run's seed decides the initialisation. ``dtype`` casts the built model ("float64" for the
+    reduced regimes, which do not cast; the sampled trainer casts to ``train.dtype`` itself).
+    """
+
+    cls: type[nn.Module]
+    config: Any = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: Literal["float32", "float64"] | None = None
+
+    def build(self, generator: torch.Generator | None = None) -> nn.Module:
+        args = () if self.config is None else (self.config,)
+        model = self.cls(*args, **self.kwargs, generator=generator)
+        return model.to(getattr(torch, self.dtype)) if self.dtype is not None else model
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingRun:
+    """One model trained on one task for one seed: everything a worker needs, and nothing it cannot pickle.
+
+    ``model``: a :class:`ModelSpec` (built with ``generator(derive_seed(seed, *init_key))``) or an already
+    built ``nn.Module`` (e.g. one loaded with a construction's weights), trained in place.
+    ``train.seed`` is replaced by ``seed``. ``out_dir``: where the sampled regime checkpoints and logs
+    (None: in memory only). ``loss``/``snapshot``: module-level functions or partials of them.
+    """
+
+    name: str
+    model: ModelSpec | nn.Module
+    task: Any
+    train: TrainConfig
+    seed: int = 0
+    init_key: tuple[str | int, ...] = ("init",)
+    regime: Regime = "sampled"
+    loss: LossFn = mse_loss
+    snapshot: SnapshotFn | None = None
+    test_episode: Episode | None = None
+    out_dir: Path | None = None
+    # the reduced regimes (Zhang et al. 2025): exact population loss of the iterates with Λ, 1/N or E(1/N)
+    Lambda: Tensor | None = None
+    inv_n: float | None = None
+    next_token: bool = False
+
+    def __post_init__(self) -> None:
+        owner = f"TrainingRun({self.name!r})"
+        require(owner, "name", isinstance(self.name, str) and bool(self.name), "a non-empty string", self.name)
+        require(owner, "regime", self.regime in REGIMES, f"one of {REGIMES}", self.regime)
+        require(
+            owner, "model", isinstance(self.model, ModelSpec | nn.Module), "a ModelSpec or an nn.Module", self.model
+        )
+        require(owner, "train", isinstance(self.train, TrainConfig), "a TrainConfig", type(self.train).__name__)
+        if self.regime == "sampled" and not callable(self.task):
+            raise ConfigError(f"{owner}.task must be a sampler sample(batch, *, generator, dtype) -> Episode")
+        if self.regime == "full_batch" and not (
+            isinstance(self.task, Episode)
+            or (isinstance(self.task, Sequence) and all(isinstance(e, Episode) for e in self.task))
+        ):
+            raise ConfigError(f"{owner}.task must be an Episode or a sequence of Episodes (one per seed)")
+        if self.regime == "population" and not isinstance(self.task, Tensor):
+            raise ConfigError(f"{owner}.task must be the covariance Λ (a (d, d) tensor) in the population regime")
+        if self.regime == "population" and self.inv_n is None:
+            raise ConfigError(f"{owner}.inv_n must be set in the population regime (1/N, or E(1/N) for next-token)")
+
+    def build_model(self) -> nn.Module:
+        if isinstance(self.model, nn.Module):
+            return self.model
+        return self.model.build(generator(derive_seed(self.seed, *self.init_key)))
+
+    def execute(self, *, device: torch.device | str = "cpu", progress: Progress | None = None) -> TrainResult:
+        """Train and return the :class:`TrainResult` (the trained model, its curves and snapshots)."""
+        model = self.build_model()
+        cfg = dataclasses.replace(self.train, seed=self.seed)
+        if self.regime == "sampled":
+            result = train(
+                model,
+                self.task,
+                cfg,
+                out_dir=self.out_dir,
+                device=device,
+                loss_fn=self.loss,
+                test_episode=self.test_episode,
+                snapshot_fn=self.snapshot,
+                progress=progress,
+                description=self.name,
+            )
+        else:
+            traj = self._reduced(model, cfg)
+            result = TrainResult(model, [], trajectory=traj)
+        result.name, result.seed = self.name, self.seed
+        return result
+
+    def _reduced(self, model: nn.Module, cfg: TrainConfig) -> Trajectory:
+        record = max(1, cfg.eval_every)
+        if self.regime == "population":
+            assert self.inv_n is not None
+            return population_flow(model, self.task, inv_n=self.inv_n, lr=cfg.lr, steps=cfg.steps, record_every=record)
+        return full_batch_gd(
+            model,
+            self.task,
+            lr=cfg.lr,
+            steps=cfg.steps,
+            record_every=record,
+            Lambda=self.Lambda,
+            inv_n=self.inv_n,
+            next_token=self.next_token,
+        )
+
+
+def execute_all(
+    runs: Sequence[TrainingRun], *, device: torch.device | str = "cpu", progress: Progress | None = None
+) -> list[TrainResult]:
+    """Execute ``runs`` and return their results in the same order.
+
+    The one place that decides where training runs execute: today in this process, one after another.
+    """
+    names = [r.name for r in runs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"training runs must have distinct names; repeated: {dup}")
+    return [r.execute(device=device, progress=progress) for r in runs]
