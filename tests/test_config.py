@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from iclab import ConfigError
-from iclab.core.config import apply_overrides, config_hash, from_dict, parse_override, to_dict
+from iclab.core.config import apply_overrides, config_hash, from_dict, parse_override, route_shorthand, to_dict
 from iclab.models import LinearTransformerConfig
 from iclab.training import TrainConfig
 from iclab.training.run_config import parse_run_config
@@ -70,3 +72,70 @@ def test_run_config_validation() -> None:
         parse_run_config({"trian": {}})
     with pytest.raises(ConfigError, match="model.pattern must be one of"):
         parse_run_config({"model": {"pattern": "dense"}})
+
+
+# ---- nested configs (issue 21): a card nests `train: TrainConfig` instead of copying its fields ----------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Tol:
+    dist_tol: float = 0.1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Card:
+    seeds: int = 3
+    train: TrainConfig = dataclasses.field(default_factory=lambda: TrainConfig(lr=0.02, steps=300, clip=0.01))
+    tol: _Tol = dataclasses.field(default_factory=_Tol)
+    model: LinearTransformerConfig = dataclasses.field(default_factory=LinearTransformerConfig)
+
+
+def test_a_nested_mapping_merges_onto_the_fields_default() -> None:
+    cfg = from_dict(_Card, {"train": {"steps": 20}}, owner="x.fig1")
+    assert (cfg.train.steps, cfg.train.lr, cfg.train.clip) == (20, 0.02, 0.01)  # the card's defaults survive
+    assert from_dict(_Card, to_dict(cfg)) == cfg
+    assert config_hash(cfg) != config_hash(from_dict(_Card, {}))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"train": {"lr": -1}}, "x.fig1.train.lr must be a float > 0; got -1.0"),
+        ({"train": {"lr": "a"}}, "x.fig1.train.lr must be a float; got 'a'"),
+        ({"model": {"n_layers": 0}}, "x.fig1.model.n_layers must be an int >= 1; got 0"),
+        ({"train": {"stepz": 3}}, "unknown key 'x.fig1.train.stepz'; did you mean 'steps'?"),
+    ],
+)
+def test_errors_in_a_nested_config_name_the_full_path(data: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        from_dict(_Card, data, owner="x.fig1")
+    assert str(e.value) == message
+
+
+def test_shorthand_keys_route_to_the_one_nested_field() -> None:
+    assert route_shorthand(_Card, {"steps": 20, "dist_tol": 0.5, "seeds": 1}) == {
+        "train": {"steps": 20},
+        "tol": {"dist_tol": 0.5},
+        "seeds": 1,
+    }
+    # an explicit nested value and a shorthand merge; the later one wins
+    assert route_shorthand(_Card, {"train": {"steps": 20, "lr": 0.1}, "steps": 5}) == {"train": {"steps": 5, "lr": 0.1}}
+    data = apply_overrides(route_shorthand(_Card, {"steps": 20}), ["lr=-1", "train.clip=null"], cls=_Card)
+    assert data == {"train": {"steps": 20, "lr": -1, "clip": None}}
+    with pytest.raises(ConfigError, match=r"^x.fig1.train.lr must be a float > 0; got -1.0$"):
+        from_dict(_Card, data, owner="x.fig1")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _TwoTrainers(_Card):
+    probe: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+
+def test_an_ambiguous_or_unknown_shorthand_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^'x.lr' is ambiguous: it could be any of train.lr, probe.lr; write the"):
+        route_shorthand(_TwoTrainers, {"lr": 3}, owner="x")
+    with pytest.raises(ConfigError, match="'x.steps' is ambiguous"):
+        apply_overrides({}, ["steps=3"], cls=_TwoTrainers, owner="x")
+    assert apply_overrides({}, ["probe.steps=3"], cls=_TwoTrainers) == {"probe": {"steps": 3}}
+    with pytest.raises(ConfigError, match=r"unknown key 'x.lrr'; did you mean 'lr'\?"):
+        from_dict(_Card, apply_overrides({}, ["lrr=3"], cls=_Card), owner="x")

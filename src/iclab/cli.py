@@ -73,12 +73,15 @@ def list_cmd() -> None:
     Console().print(table)
 
 
+_STATUS = {"passed": "[green]yes[/green]", "failed": "[red]NO[/red]", "not checked": "[yellow]not checked[/yellow]"}
+
+
 def _print_claims(res: object) -> None:
     table = Table(title=f"{res.experiment.name} [{res.preset}] {res.seconds:.1f}s{' (reused)' if res.reused else ''}")  # type: ignore[attr-defined]
     for col in ("claim", "passed", "measured", "expected"):
         table.add_column(col)
     for c in res.claims:  # type: ignore[attr-defined]
-        table.add_row(c.name, "[green]yes[/green]" if c.passed else "[red]NO[/red]", str(c.measured), c.expected)
+        table.add_row(c.name, _STATUS[c.status], str(c.measured), c.expected)
     console.print(table)
 
 
@@ -149,9 +152,9 @@ def reproduce(
             results.append(res)
             _print_claims(res)
     path = write_report(results, out, preset=preset, failures=failures)
-    n = sum(len(r.claims) for r in results)
-    ok = sum(c.passed for r in results for c in r.claims)
-    console.print(f"report: {path}  ({ok}/{n} claims passed, {len(failures)} experiments failed)")
+    n = sum(c.checked for r in results for c in r.claims)
+    ok = sum(c.passed for r in results for c in r.claims if c.checked)
+    console.print(f"report: {path}  ({ok}/{n} checked claims passed, {len(failures)} experiments failed)")
     if failures or (strict and ok < n):
         raise typer.Exit(1)
 
