@@ -1,4 +1,4 @@
-"""experiments.wang2025: the gd_init experiment (spec claim 20; §5, App. I eq. 57) and Fig. 2 with RBF attention.
+"""experiments.wang2025 (gd_init, fig2_rbf, the sweep claims, the set-up): the gd_init experiment (spec claim 20; §5, App. I eq. 57) and Fig. 2 with RBF attention.
 
 The metric functions are checked on inputs whose answer is known: the exact GD form (rel. deviation 0, no leakage,
 no drift), hand-built x-blocks, and the identity part of the Q/K gradient against the GD model's derivative in its
@@ -17,20 +17,21 @@ from conftest import F64, assert_close
 from iclab.core.errors import ConfigError
 from iclab.core.numerics import dist_to_identity
 from iclab.experiments import run_experiment
-from iclab.experiments.wang2025 import (
+from iclab.experiments.wang2025._setup import (
+    BayesRates,
     CatSetup,
-    DepthConfig,
-    GdInitConfig,
-    ImageConfig,
-    SweepLConfig,
+    RunGroup,
+    RunRecord,
     _optimiser,
     ce_loss,
-    claims_sweep_L,
-    gd_init_model,
+    model_spec,
     paper_optimiser,
-    qk_form_metrics,
-    qk_gradient_metrics,
+    run_train_config,
 )
+from iclab.experiments.wang2025._sweep_L import SweepLConfig, SweepLResults, SweepLTolerances, claims_sweep_L
+from iclab.experiments.wang2025.fig3 import DepthConfig
+from iclab.experiments.wang2025.fig4_right import ImageConfig
+from iclab.experiments.wang2025.gd_init import GdInitConfig, gd_init_model, qk_form_metrics, qk_gradient_metrics
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.tasks.categorical import RBFMixtureCategorical
 from iclab.training import TrainConfig
@@ -161,9 +162,9 @@ def test_gd_init_smoke(tmp_path) -> None:
     assert {c.name for c in res.claims} == GD_INIT_CLAIMS
     assert all(c.passed for c in res.claims)
     assert [f.name for f in res.figures] == ["gd_init.png"]
-    run = res.results["seeds"][0]["tf"][1e-5]
-    assert float(run["qk_rel_dev"][0].max()) == 0.0 and float(run["qk_rel_dev"][-1].max()) > 0.0  # it moved
-    assert abs(float(run["test_nll"][0]) - res.results["seeds"][0]["gd_nll"]) < 1e-5
+    run = res.results.seeds[0].tf[1e-5]
+    assert float(run.extra["qk_rel_dev"][0].max()) == 0.0 and float(run.extra["qk_rel_dev"][-1].max()) > 0.0  # moved
+    assert abs(float(run.test_nll[0]) - res.results.seeds[0].gd_nll) < 1e-5
 
 
 @pytest.mark.slow
@@ -175,15 +176,21 @@ def test_fig2_rbf_smoke(tmp_path) -> None:
     assert [f.name for f in res.figures] == ["fig2_rbf.png"]
 
 
-def _sweep_results(gd: dict[int, tuple[float, float]], tf: dict[int, tuple[float, float]]) -> dict:
-    """A results dict of ``run_sweep_L`` with given (accuracy, NLL) per L, one seed."""
-    entry = lambda a, n: {"runs": [{"acc": a, "nll": n}], "acc": a, "nll": n}  # noqa: E731
-    return {
-        "L": sorted(gd),
-        "gd": {L: entry(*v) for L, v in gd.items()},
-        "free": {L: entry(*v) for L, v in tf.items()},
-        "bayes": {"test_max_prob": 0.85, "mc_rate": 0.84, "mc_stderr": 0.004},
-    }
+def _sweep_results(gd: dict[int, tuple[float, float]], tf: dict[int, tuple[float, float]]) -> SweepLResults:
+    """The results of ``run_sweep_L`` with given (accuracy, NLL) per L, one seed (one snapshot per run)."""
+
+    def entry(a: float, n: float) -> RunGroup:
+        one = torch.tensor([0.0])
+        run = RunRecord(steps=one, val_nll=one + n, test_nll=one + n, test_acc=one + a, best_step=0, acc=a, nll=n,
+                        seconds=0.0)  # fmt: skip
+        return RunGroup(runs=[run], acc=a, acc_std=0.0, nll=n, nll_std=0.0)
+
+    return SweepLResults(
+        L=sorted(gd),
+        gd={L: entry(*v) for L, v in gd.items()},
+        free={L: entry(*v) for L, v in tf.items()},
+        bayes=BayesRates(test_max_prob=0.85, test_acc=0.85, test_nll=0.5, mc_rate=0.84, mc_stderr=0.004),
+    )
 
 
 def test_sweep_claims_check_the_match_only_from_the_papers_L() -> None:
@@ -191,11 +198,14 @@ def test_sweep_claims_check_the_match_only_from_the_papers_L() -> None:
     close the gap; from it on both matching claims are made. A gap that widens with L fails, in accuracy or NLL."""
     gd = {512: (0.75, 0.90), 2048: (0.75, 0.86)}
     closing = _sweep_results(gd, {512: (0.60, 1.55), 2048: (0.64, 1.35)})
-    cfg = SweepLConfig(n_blocks=2, match_min_L=32768, gap_small_L=0.05)
+    cfg = SweepLConfig(n_blocks=2, tol=SweepLTolerances(match_min_L=32768, gap_small_L=0.05))
     by_name = {c.name: c for c in claims_sweep_L(closing, cfg)}
     assert "tf_matches_gd_acc_at_largest_L" not in by_name and by_name["tf_approaches_gd_with_L"].passed
     assert "checked from L = 32768" in by_name["tf_approaches_gd_with_L"].detail
-    both = {c.name: c for c in claims_sweep_L(closing, dataclasses.replace(cfg, match_min_L=2048))}
+    both = {
+        c.name: c
+        for c in claims_sweep_L(closing, dataclasses.replace(cfg, tol=dataclasses.replace(cfg.tol, match_min_L=2048)))
+    }
     assert set(both) >= SWEEP_CLAIMS and not both["tf_matches_gd_acc_at_largest_L"].passed  # gap 0.11 > 0.02
     acc_widens = _sweep_results(gd, {512: (0.65, 1.55), 2048: (0.64, 1.35)})
     nll_widens = _sweep_results(gd, {512: (0.60, 1.35), 2048: (0.64, 1.55)})
@@ -259,6 +269,21 @@ def test_paper_optimiser_and_setup_reject_bad_input() -> None:
         CatSetup(lr_gd=-0.1)
     with pytest.raises(ConfigError, match="GdInitConfig.lr_gd must be null"):
         GdInitConfig(lr_gd=0.0)
+    with pytest.raises(ConfigError, match=r"CatSetup.train.lr must be left at 0.001: it is set per model"):
+        CatSetup(train=TrainConfig(lr=0.1))  # per model: lr_gd / lr_tf or the authors' table
+
+
+def test_run_train_config_is_the_papers_protocol() -> None:
+    """One model's TrainConfig (spec §4.0): 5000 epochs of minibatches of 512 over L contexts, AdamW β = (0.9, 0.98)
+    for the Trained TF at the table's lr, global-norm clip 1.0, the val/test metrics every 100 updates."""
+    spec = model_spec(CatSetup(), 1, "free")
+    assert run_train_config(CatSetup(), spec, "free", 2048) == TrainConfig(
+        steps=20000, batch_size=512, train_size=2048, optimizer="adamw", lr=1e-3, schedule="constant",
+        betas=(0.9, 0.98), clip=1.0, clip_mode="global", eval_every=0, eval_batch=256, snapshot_every=100,
+        checkpoint_every=5000,
+    )  # fmt: skip
+    small = run_train_config(CatSetup(max_updates=3), model_spec(CatSetup(), 1, "gd"), "gd", 100)
+    assert (small.steps, small.batch_size, small.optimizer, small.snapshot_every) == (3, 100, "adam", 3)
 
 
 def test_fig4_right_runs_on_a_users_feature_file(tmp_path) -> None:
@@ -270,7 +295,7 @@ def test_fig4_right_runs_on_a_users_feature_file(tmp_path) -> None:
     np.savez(tmp_path / "f.npz", features=np.random.default_rng(0).normal(size=(600, 9)), labels=labels)
     path = str(tmp_path / "f.npz")
     res = run_experiment("wang2025.fig4_right", "smoke", out=tmp_path / "runs", overrides=[f"features_path={path}", "d=9", "blocks=[1]"])  # fmt: skip
-    assert res.results["gd"][1]["runs"][0]["steps"].numel() >= 2 and len(res.claims) == 2
+    assert res.results.gd[1].runs[0].steps.numel() >= 2 and len(res.claims) == 2
     with pytest.raises(ConfigError, match=r"ImageConfig.d must be the feature width F = 9 of .*f.npz; got 64"):
         run_experiment("wang2025.fig4_right", "smoke", out=tmp_path / "runs", overrides=[f"features_path={path}"])
     with pytest.raises(ConfigError, match="ImageConfig.n must be a multiple of num_classes = 5"):

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
+from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.tasks.categorical import check_labels, log_probabilities
 
 # ---- metrics -------------------------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def accuracy(logits: Tensor, labels: Tensor) -> Tensor:
 def top_k_accuracy(logits: Tensor, labels: Tensor, k: int) -> Tensor:
     """How often the label is among the k most probable classes (spec 004 §4.0: top-3; top-2 for images)."""
     _check_logits("top_k_accuracy", logits, labels)
-    require("top_k_accuracy", "k", isinstance(k, int) and 1 <= k <= logits.shape[1], "an int in [1, C]", k)
+    require("top_k_accuracy", "k", is_int(k, 1) and k <= logits.shape[1], "an int in [1, C]", k)
     top = logits.topk(k, dim=-1).indices  # (B, k)
     return (top == labels.unsqueeze(-1)).any(-1).to(logits.dtype).mean()
 
@@ -146,9 +146,9 @@ class LinearProbe:
     solver: Literal["auto", "primal", "dual"] = "auto"
 
     def __post_init__(self) -> None:
-        require(self, "num_classes", isinstance(self.num_classes, int) and self.num_classes >= 2, "an int >= 2")
+        require_int(self, "num_classes", self.num_classes, 2)
         require(self, "l2", self.l2 > 0, "a float > 0 (the problem is unbounded on separable contexts without it)")
-        require(self, "max_iter", isinstance(self.max_iter, int) and self.max_iter >= 1, "an int >= 1")
+        require_int(self, "max_iter", self.max_iter, 1)
         require(self, "tol", self.tol >= 0, "a float >= 0")
         require(self, "solver", self.solver in ("auto", "primal", "dual"), "one of 'auto', 'primal', 'dual'")
 
@@ -312,8 +312,8 @@ class BudgetProbe:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        require(self, "num_classes", isinstance(self.num_classes, int) and self.num_classes >= 2, "an int >= 2")
-        require(self, "steps", isinstance(self.steps, int) and self.steps >= 0, "an int >= 0")
+        require_int(self, "num_classes", self.num_classes, 2)
+        require_int(self, "steps", self.steps, 0)
         require(self, "lr", self.lr > 0, "a float > 0")
         require(self, "weight_decay", self.weight_decay >= 0, "a float >= 0")
         require(self, "init_scale", self.init_scale >= 0, "a float >= 0")
@@ -370,7 +370,7 @@ class NearestClassMean:
     eps: float = 1e-3
 
     def __post_init__(self) -> None:
-        require(self, "num_classes", isinstance(self.num_classes, int) and self.num_classes >= 2, "an int >= 2")
+        require_int(self, "num_classes", self.num_classes, 2)
         require(self, "temperature", self.temperature > 0, "a float > 0")
         require(self, "eps", 0 < self.eps < 1, "a float in (0, 1)")
 
@@ -397,7 +397,7 @@ class LabelFrequency:
     smoothing: float = 1.0
 
     def __post_init__(self) -> None:
-        require(self, "num_classes", isinstance(self.num_classes, int) and self.num_classes >= 2, "an int >= 2")
+        require_int(self, "num_classes", self.num_classes, 2)
         require(self, "smoothing", self.smoothing > 0, "a float > 0")
 
     def predict(self, episode: Episode) -> Tensor:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 
 Variant = Literal["fixed_point", "population_pcs", "sample_pcs"]
 VARIANTS = ("fixed_point", "population_pcs", "sample_pcs")
@@ -49,7 +49,7 @@ class PCR:
     inv_n: float | None = None  # E(1/N) of eq. (22)/(26); None: 1/n of the episode ("fixed_point" only)
 
     def __post_init__(self) -> None:
-        require(self, "n_components", isinstance(self.n_components, int) and self.n_components >= 0, "an int >= 0")
+        require_int(self, "n_components", self.n_components, 0)
         require(self, "variant", self.variant in VARIANTS, f"one of {VARIANTS}")
         if self.inv_n is not None:
             require(self, "inv_n", 0.0 <= self.inv_n <= 1.0, "None or a float in [0, 1]")

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from iclab.core.errors import require
+from iclab.core.errors import is_int, require, require_int
 from iclab.models.bilinear import BilinearTransformer, BilinearTransformerConfig
 
 
@@ -35,10 +35,10 @@ def quadratic_ffn_weights(
 
     W_0 = [[0, 0], [W̃_0, 0]]: (x_j − 1)(x_j + 1) on squares, x_j · x_k on products; rows beyond C(d+2, 2) stay 0.
     """
-    require("quadratic_ffn_weights", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("quadratic_ffn_weights", "d", d, 1)
     low = n_quadratic_features(d)
     d_bar = low if d_bar is None else d_bar
-    require("quadratic_ffn_weights", "d_bar", isinstance(d_bar, int) and d_bar >= low, f"an int >= C(d+2, 2) = {low} for d = {d} (one scratch row per quadratic monomial)", d_bar)  # fmt: skip
+    require("quadratic_ffn_weights", "d_bar", is_int(d_bar, low), f"an int >= C(d+2, 2) = {low} for d = {d} (one scratch row per quadratic monomial)", d_bar)  # fmt: skip
     W0 = torch.zeros(d_bar, d_bar, dtype=dtype)
     W1 = torch.zeros(d_bar, d_bar, dtype=dtype)
     for m, (j, k) in enumerate(itertools.combinations_with_replacement(range(d), 2)):
@@ -80,8 +80,8 @@ def kernel_gd_block(d: int, gamma: Tensor | None = None, *, d_bar: int | None = 
     ``gamma`` (C(d+2,2), C(d+2,2)), default −Λ⁻¹ = −diag(1, 1_d, ½ on squares, 1 on products) (Lemma 3).
     Equals ``algorithms.KernelGD(−Γᵀ)``. Needs d̄ ≥ C(d+2, 2) (the default).
     """
-    q = n_quadratic_features(d) if isinstance(d, int) and d >= 1 else 0
-    require("kernel_gd_block", "d", q > 0, "an int >= 1", d)
+    require_int("kernel_gd_block", "d", d, 1)
+    q = n_quadratic_features(d)
     if gamma is None:
         gamma = -torch.linalg.inv(quadratic_lambda(d))
     g = _gamma("kernel_gd_block", gamma, q, "a matrix over the C(d+2, 2) features of eq. (7),")
@@ -113,7 +113,7 @@ def bcd(d: int, gammas: Tensor) -> BilinearTransformer:
 
     ``gammas`` (L, 2d+1, 2d+1). ``block_predictions`` equals ``algorithms.BlockCoordinateDescent(−Γ_ℓᵀ).iterates``.
     """
-    require("constructions.bcd", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("constructions.bcd", "d", d, 1)
     g = _gamma("constructions.bcd", gammas, 2 * d + 1, "an (L, 2d+1, 2d+1) stack, per-block")
     require("constructions.bcd", "gammas", g.dim() == 3 and g.shape[0] >= 1, "an (L, 2d+1, 2d+1) stack with L >= 1", tuple(g.shape))  # fmt: skip
     L = g.shape[0]

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
+from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.models.attention_core import moment_layer
 from iclab.models.linear_attention import LinearAttention
 
@@ -62,7 +62,7 @@ def embed_scratch(episode: Episode, d_bar: int) -> Tensor:
     if episode.y is None:
         raise ValueError("embed_scratch needs a regression episode (float labels y); got a classification episode")
     d = episode.d
-    require("embed_scratch", "d_bar", isinstance(d_bar, int) and d_bar >= d + 1, f"an int >= d + 1 = {d + 1}", d_bar)
+    require("embed_scratch", "d_bar", is_int(d_bar, d + 1), f"an int >= d + 1 = {d + 1}", d_bar)
     B, n = episode.batch_size, episode.n
     x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
     y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1): query label 0
@@ -99,9 +99,9 @@ class BilinearFFN(nn.Module):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        require("BilinearFFN", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+        require_int("BilinearFFN", "d", d, 1)
         low = d + 2 if sparse else d + 1
-        require("BilinearFFN", "d_bar", isinstance(d_bar, int) and d_bar >= low, f"an int >= {low} (d = {d}{', at least one scratch row' if sparse else ''})", d_bar)  # fmt: skip
+        require_int("BilinearFFN", "d_bar", d_bar, low, note=f"d = {d}{', at least one scratch row' if sparse else ''}")
         self.d, self.d_bar, self.sparse = d, d_bar, sparse
         shape = (d_bar - d - 1, d + 1) if sparse else (d_bar, d_bar)
 
@@ -202,13 +202,13 @@ class BilinearTransformerConfig:
     label_scale: float = 1.0  # s: label entries enter as y/s, the read-out is s·z (an exact reparameterisation)
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and not isinstance(self.d, bool) and self.d >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
         require(self, "ffn", self.ffn in FFNS, f"one of {FFNS}")
         low = self.d + 2 if self.ffn in ("sparse", "sparse_strict") else self.d + 1
-        require(self, "d_bar", isinstance(self.d_bar, int) and self.d_bar >= low, f"an int >= {low} for d = {self.d} and ffn = {self.ffn!r}")  # fmt: skip
-        require(self, "n_blocks", isinstance(self.n_blocks, int) and self.n_blocks >= 1, "an int >= 1")
+        require(self, "d_bar", is_int(self.d_bar, low), f"an int >= {low} for d = {self.d} and ffn = {self.ffn!r}")  # fmt: skip
+        require_int(self, "n_blocks", self.n_blocks, 1)
         require(self, "order", self.order in ORDERS, f"one of {ORDERS}")
-        require(self, "n_heads", isinstance(self.n_heads, int) and self.n_heads >= 1, "an int >= 1")
+        require_int(self, "n_heads", self.n_heads, 1)
         require(self, "init_std", self.init_std >= 0, "a float >= 0")
         require(self, "init", self.init in INITS, f"one of {INITS}")
         require(self, "label_scale", isinstance(self.label_scale, (int, float)) and math.isfinite(self.label_scale) and self.label_scale > 0, "a finite float > 0")  # fmt: skip

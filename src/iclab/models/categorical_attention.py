@@ -63,7 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
+from iclab.core.errors import ShapeError, require, require_int
 from iclab.core.kernels import gram
 
 KERNELS = ("linear", "rbf", "exp", "laplacian", "softmax")
@@ -96,8 +96,8 @@ class CategoricalTransformerConfig:
 
     def __post_init__(self) -> None:
         for name in ("d", "d_embed", "n_blocks"):
-            require(self, name, isinstance(getattr(self, name), int) and getattr(self, name) >= 1, "an int >= 1")
-        require(self, "num_classes", isinstance(self.num_classes, int) and self.num_classes >= 2, "an int >= 2")
+            require_int(self, name, getattr(self, name), 1)
+        require_int(self, "num_classes", self.num_classes, 2)
         require(self, "kernel", self.kernel in KERNELS, f"one of {KERNELS}")
         require(self, "mode", self.mode in MODES, f"one of {MODES}")
         require(self, "shared", isinstance(self.shared, bool), "a bool")

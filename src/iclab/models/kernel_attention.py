@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.models.attention_core import AttentionStack, attention_update, moment_mix
 
 Activation = Literal["linear", "relu", "exp", "softmax"]
@@ -64,8 +64,8 @@ class KernelTransformerConfig:
     exp_logit_cap: float | None = None  # exp heads: exp(min(uᵀw/σ², cap)); None: exact (a training guard)
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
-        require(self, "n_layers", isinstance(self.n_layers, int) and self.n_layers >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
+        require_int(self, "n_layers", self.n_layers, 1)
         acts = tuple(self.activations) if isinstance(self.activations, (tuple, list)) else None
         require(
             self,

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from iclab.core.errors import ShapeError, require
+from iclab.core.errors import ShapeError, require, require_int
 from iclab.core.kernels import gram
 
 LanguageKernel = Literal["softmax", "linear", "rbf"]
@@ -50,8 +50,8 @@ LANGUAGE_KERNELS: tuple[str, ...] = ("softmax", "linear", "rbf")
 def _check_common(owner: str, vocab: int, d_embed: int, heads: int, max_len: int, n_layers: int, dropout: float):
     for name, v in (("vocab", vocab), ("d_embed", d_embed), ("heads", heads), ("max_len", max_len),
                     ("n_layers", n_layers)):  # fmt: skip
-        require(owner, name, isinstance(v, int) and v >= 1, "an int >= 1", v)
-    require(owner, "vocab", vocab >= 2, "an int >= 2", vocab)
+        require_int(owner, name, v, 1)
+    require_int(owner, "vocab", vocab, 2)
     require(owner, "dropout", 0.0 <= float(dropout) < 1.0, "a float in [0, 1)", dropout)
 
 
@@ -129,7 +129,7 @@ class LanguageGD(_LanguageModel):
         owner = "LanguageGD"
         _check_common(owner, vocab, d_embed, heads, max_len, n_layers, dropout)
         require(owner, "kernel", kernel in LANGUAGE_KERNELS, f"one of {LANGUAGE_KERNELS}", kernel)
-        require(owner, "ff_mult", isinstance(ff_mult, int) and ff_mult >= 1, "an int >= 1", ff_mult)
+        require_int(owner, "ff_mult", ff_mult, 1)
         self.vocab, self.d, self.heads, self.max_len, self.n_layers = vocab, d_embed, heads, max_len, n_layers
         self.kernel = kernel
         self.count_normalise = (kernel != "softmax") if count_normalise is None else bool(count_normalise)
@@ -206,7 +206,7 @@ class LanguageGPT(_LanguageModel):
     ) -> None:
         super().__init__()
         _check_common("LanguageGPT", vocab, d_embed, heads, max_len, n_layers, dropout)
-        require("LanguageGPT", "ff_mult", isinstance(ff_mult, int) and ff_mult >= 1, "an int >= 1", ff_mult)
+        require_int("LanguageGPT", "ff_mult", ff_mult, 1)
         self.vocab, self.d, self.heads, self.max_len, self.n_layers = vocab, d_embed, heads, max_len, n_layers
         self.dropout = float(dropout)
         self.wte = nn.Parameter(torch.empty(vocab, d_embed))
@@ -272,10 +272,9 @@ def generate(
     """
     require("generate", "prompt", prompt.dim() == 1 and prompt.numel() >= 1, "a non-empty 1-D token tensor",
             tuple(prompt.shape))  # fmt: skip
-    require("generate", "new_tokens", isinstance(new_tokens, int) and new_tokens >= 0, "an int >= 0", new_tokens)
-    require("generate", "beams", isinstance(beams, int) and beams >= 1, "an int >= 1", beams)
-    require("generate", "no_repeat_ngram", isinstance(no_repeat_ngram, int) and no_repeat_ngram >= 0, "an int >= 0",
-            no_repeat_ngram)  # fmt: skip
+    require_int("generate", "new_tokens", new_tokens, 0)
+    require_int("generate", "beams", beams, 1)
+    require_int("generate", "no_repeat_ngram", no_repeat_ngram, 0)
     model.eval()
     max_len = int(model.max_len)
     P = prompt.numel()
@@ -314,7 +313,7 @@ def repeated_ngram_fraction(tokens: Tensor | list[int], n: int = 3) -> float:
     0 for a sequence without repeated n-grams (or shorter than n), → 1 for a loop. Replaces the paper's
     GPT-4o grader's view of the failure mode the paper reports (repetitive loops, Tables 1–2, App. K).
     """
-    require("repeated_ngram_fraction", "n", isinstance(n, int) and n >= 1, "an int >= 1", n)
+    require_int("repeated_ngram_fraction", "n", n, 1)
     seq = tokens.tolist() if isinstance(tokens, Tensor) else list(tokens)
     grams = [tuple(seq[i : i + n]) for i in range(len(seq) - n + 1)]
     return 0.0 if not grams else 1.0 - len(set(grams)) / len(grams)

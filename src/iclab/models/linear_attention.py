@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import is_int, require, require_int
 from iclab.models.attention_core import AttentionStack, attention_update, linear_mix, moment_mix
 from iclab.models.attention_core import embed as embed  # re-exported: the prompt of eq. (1)
 
@@ -76,14 +76,14 @@ class LinearTransformerConfig:
     readout: Readout = "negative"  # Ahn et al. read −[Z_L]_{d+1,n+1}; Zhang et al. read +
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
-        require(self, "n_layers", isinstance(self.n_layers, int) and self.n_layers >= 1, "an int >= 1")
-        require(self, "n_heads", isinstance(self.n_heads, int) and self.n_heads >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
+        require_int(self, "n_layers", self.n_layers, 1)
+        require_int(self, "n_heads", self.n_heads, 1)
         require(self, "pattern", self.pattern in PATTERNS, f"one of {PATTERNS}")
         require(self, "activation", self.activation in ALL_ACTIVATIONS, f"one of {ALL_ACTIVATIONS}")
         require(self, "init_std", self.init_std >= 0, "a float >= 0")
         require(self, "key_query", self.key_query in KEY_QUERY, f"one of {KEY_QUERY}")
-        require(self, "rank", self.rank is None or (isinstance(self.rank, int) and self.rank >= 1), "None or >= 1")
+        require(self, "rank", self.rank is None or is_int(self.rank, 1), "None or an int >= 1")
         require(self, "rank", self.rank is None or self.key_query == "separate", "None unless key_query='separate'")
         require(self, "sources", self.sources in SOURCES, f"one of {SOURCES}")
         require(self, "readout", self.readout in READOUTS, f"one of {READOUTS}")
@@ -118,7 +118,7 @@ class LinearAttention(nn.Module):
         require(owner, "activation", activation in ALL_ACTIVATIONS, f"one of {ALL_ACTIVATIONS}", activation)
         require(owner, "key_query", key_query in KEY_QUERY, f"one of {KEY_QUERY}", key_query)
         require(owner, "sources", sources in SOURCES, f"one of {SOURCES}", sources)
-        require(owner, "rank", rank is None or (isinstance(rank, int) and rank >= 1), "None or an int >= 1", rank)
+        require(owner, "rank", rank is None or is_int(rank, 1), "None or an int >= 1", rank)
         require(owner, "rank", rank is None or key_query == "separate", "None unless key_query='separate'", rank)
         for name, value in (("key_query", key_query != "merged"), ("zero_blocks", zero_blocks)):
             require(owner, name, not value or pattern == "full", "its default unless pattern='full'", pattern)

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
+from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.models.linear_attention import LinearAttention
 
 __all__ = [
@@ -88,12 +88,10 @@ class _ReducedAttention(nn.Module):
     def __init__(self, d: int, n_heads: int, w_init: float, n_seeds: int | None) -> None:
         super().__init__()
         owner = type(self).__name__
-        require(owner, "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
-        require(owner, "n_heads", isinstance(n_heads, int) and n_heads >= 1, "an int >= 1", n_heads)
+        require_int(owner, "d", d, 1)
+        require_int(owner, "n_heads", n_heads, 1)
         require(owner, "w_init", float(w_init) >= 0, "a float >= 0", w_init)
-        require(
-            owner, "n_seeds", n_seeds is None or (isinstance(n_seeds, int) and n_seeds >= 1), "None or >= 1", n_seeds
-        )
+        require(owner, "n_seeds", n_seeds is None or is_int(n_seeds, 1), "None or an int >= 1", n_seeds)
         self.d, self.n_heads, self.w_init, self.n_seeds = d, n_heads, float(w_init), n_seeds
 
     def _draw(self, shape: tuple[int, ...], var: float, generator: torch.Generator | None) -> nn.Parameter:
@@ -287,7 +285,7 @@ class SeparateAttention(_ReducedAttention):
         n_seeds: int | None = None,
     ) -> None:
         super().__init__(d, n_heads, w_init, n_seeds)
-        require("SeparateAttention", "rank", isinstance(rank, int) and rank >= 1, "an int >= 1", rank)
+        require_int("SeparateAttention", "rank", rank, 1)
         self.rank = rank
         H, R = n_heads, rank
         self.v = self._draw((H,), self.w_init**2 / H, generator)  # (H,) or (S, H)
@@ -365,8 +363,8 @@ class CubicFeatureMLP(nn.Module):
 
     def __init__(self, d: int, width: int, *, w_init: float = 1e-3, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        require("CubicFeatureMLP", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
-        require("CubicFeatureMLP", "width", isinstance(width, int) and width >= 1, "an int >= 1", width)
+        require_int("CubicFeatureMLP", "d", d, 1)
+        require_int("CubicFeatureMLP", "width", width, 1)
         require("CubicFeatureMLP", "w_init", float(w_init) >= 0, "a float >= 0", w_init)
         self.d, self.width = d, width
         scale_2, scale_1 = w_init / width**0.5, w_init / (width * d * d) ** 0.5

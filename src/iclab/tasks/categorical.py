@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ShapeError, require
+from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.tasks.linear_regression import check_batch_n
 
 _PER_CONTEXT = ("categories", "anchors", "sigma2", "quadrant_categories", "p_query")
@@ -50,10 +50,8 @@ _PER_CONTEXT = ("categories", "anchors", "sigma2", "quadrant_categories", "p_que
 
 def random_embedding(d_embed: int, num_classes: int, *, generator: torch.Generator) -> Tensor:
     """W_e ∈ R^{d'×C} with iid N(0, 1) entries, float64 on CPU (Wang et al. 2025, §6.1: drawn once)."""
-    require("random_embedding", "d_embed", isinstance(d_embed, int) and d_embed >= 1, "an int >= 1", d_embed)
-    require(
-        "random_embedding", "num_classes", isinstance(num_classes, int) and num_classes >= 2, "an int >= 2", num_classes
-    )
+    require_int("random_embedding", "d_embed", d_embed, 1)
+    require_int("random_embedding", "num_classes", num_classes, 2)
     w = torch.randn(d_embed, num_classes, generator=generator, device=generator.device, dtype=torch.float64)
     return w.cpu()
 
@@ -131,7 +129,7 @@ class _EmbeddingCategorical:
         require(self, "W_e", W.shape[1] >= 2, "a (d', C) matrix with C >= 2 classes", f"C = {W.shape[1]}")
         require(self, "W_e", bool(torch.isfinite(W).all()), "finite", "non-finite entries")
         object.__setattr__(self, "W_e", W.detach().to("cpu", torch.float64))
-        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
         require(self, "scale", math.isfinite(self.scale), "a finite float")
         require(self, "input_range", self.input_range > 0, "a float > 0")
 
@@ -185,8 +183,8 @@ class _EmbeddingCategorical:
         ``contexts`` contexts is averaged over ``points`` query points; the standard error is taken over
         contexts, which are iid.
         """
-        require(self, "contexts", isinstance(contexts, int) and contexts >= 2, "an int >= 2", contexts)
-        require(self, "points", isinstance(points, int) and points >= 1, "an int >= 1", points)
+        require_int(self, "contexts", contexts, 2)
+        require_int(self, "points", points, 1)
         per_context = []
         for start in range(0, contexts, chunk):
             b = min(chunk, contexts - start)
@@ -219,7 +217,7 @@ class RBFMixtureCategorical(_EmbeddingCategorical):
         require(
             self,
             "n_anchors",
-            isinstance(self.n_anchors, int) and 2 <= self.n_anchors <= self.num_classes,
+            is_int(self.n_anchors, 2) and self.n_anchors <= self.num_classes,
             f"an int in [2, C = {self.num_classes}] (distinct categories; σ_j needs a nearest other anchor)",
         )
         require(self, "dist", 0 < self.dist < 1, "a float in (0, 1)")
@@ -319,7 +317,7 @@ def query_grid(resolution: int = 101, input_range: float = 1.0, *, dtype: torch.
     Row-major: point i·resolution + j is (t_j, t_i), so ``.reshape(resolution, resolution)`` of a value
     per point gives an image with x₀ along columns and x₁ along rows.
     """
-    require("query_grid", "resolution", isinstance(resolution, int) and resolution >= 2, "an int >= 2", resolution)
+    require_int("query_grid", "resolution", resolution, 2)
     t = torch.linspace(-input_range, input_range, resolution, dtype=dtype)
     x1, x0 = torch.meshgrid(t, t, indexing="ij")
     return torch.stack([x0.reshape(-1), x1.reshape(-1)], dim=-1)

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.kernels import CompositeKernel, Kernel, KernelLike, as_kernel, uses_softmax
 from iclab.core.numerics import is_psd, sym_inv_sqrt, sym_sqrt
 from iclab.tasks.linear_regression import check_batch_n, rotated_covariance
@@ -107,11 +107,11 @@ class GaussianProcess:
     _cache: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
         kern = as_kernel(type(self).__name__, self.kernel, self.sigma)
         require(self, "kernel", not uses_softmax(kern), "a kernel (softmax is an attention score, not a kernel)")
         require(self, "covariates", self.covariates in COVARIATES, f"one of {COVARIATES}")
-        require(self, "n_clusters", isinstance(self.n_clusters, int) and self.n_clusters >= 1, "an int >= 1")
+        require_int(self, "n_clusters", self.n_clusters, 1)
         require(self, "jitter", float(self.jitter) >= 0, "a float >= 0")
         require(self, "method", self.method in METHODS, f"one of {METHODS}")
         cov = _covariance(self, self.d, self.covariance)
@@ -221,10 +221,10 @@ class TwoLayerReLUNetwork:
     _cache: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
-        require(self, "width", isinstance(self.width, int) and self.width >= 1, "an int >= 1 (hidden width m)")
+        require_int(self, "d", self.d, 1)
+        require_int(self, "width", self.width, 1, note="hidden width m")
         require(self, "covariates", self.covariates in COVARIATES, f"one of {COVARIATES}")
-        require(self, "n_clusters", isinstance(self.n_clusters, int) and self.n_clusters >= 1, "an int >= 1")
+        require_int(self, "n_clusters", self.n_clusters, 1)
         cov = _covariance(self, self.d, self.covariance)
         object.__setattr__(self, "covariance", cov)
         self._cache.update(sqrt=sym_sqrt(cov), inv_sqrt=sym_inv_sqrt(cov))

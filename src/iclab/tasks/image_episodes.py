@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.seeding import derive_seed, generator
 
 #: Disjoint class splits of the digits stand-in (spec 004 §4.5).
@@ -85,8 +85,8 @@ class FeatureEpisodes:
                 labels.dtype)  # fmt: skip
         labels = labels.long()
         require(self, "labels", int(labels.min()) >= 0, "class ids >= 0", f"min {int(labels.min())}")
-        require(self, "ways", isinstance(self.ways, int) and self.ways >= 2, "an int >= 2")
-        require(self, "shots", isinstance(self.shots, int) and self.shots >= 1, "an int >= 1")
+        require_int(self, "ways", self.ways, 2)
+        require_int(self, "shots", self.shots, 1)
         present = torch.unique(labels)
         classes = present if self.classes is None else torch.as_tensor(list(self.classes), dtype=torch.long).unique()
         missing = sorted(set(classes.tolist()) - set(present.tolist()))
@@ -139,7 +139,7 @@ class FeatureEpisodes:
         self, batch: int, n: int | None = None, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
     ) -> Episode:
         """``batch`` episodes on ``generator.device``; ``n`` (optional, the Task signature) must equal ways·shots."""
-        require(self, "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
+        require_int(self, "batch", batch, 1)
         require(self, "n", n is None or n == self.n, f"None or ways·shots = {self.n}", n)
         dev = generator.device
         feats, table, _counts, classes = self._on(dev, dtype)
@@ -214,7 +214,7 @@ def digits_features(
     """
     require("digits_features", "extractor", extractor in ("random_relu", "pixels"), "'random_relu' or 'pixels'",
             extractor)  # fmt: skip
-    require("digits_features", "width", isinstance(width, int) and width >= 1, "an int >= 1", width)
+    require_int("digits_features", "width", width, 1)
     pixels, labels = _load_digits()
     train_rows = np.isin(labels, DIGITS_TRAIN_CLASSES)
     feats = _extract(pixels, extractor, width, seed, train_rows)

@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.io import atomic_write_text
 from iclab.core.seeding import derive_seed, generator
 
@@ -255,7 +255,7 @@ def story_corpus(count: int = 4000, *, seed: int = 0) -> list[str]:
     Uses an explicitly seeded ``random.Random`` (per-word draws through a torch generator would be
     far slower; the stream is equally reproducible across platforms).
     """
-    require("story_corpus", "count", isinstance(count, int) and count >= 1, "an int >= 1", count)
+    require_int("story_corpus", "count", count, 1)
     r = random.Random(derive_seed(seed, "story-corpus"))
     return [_story(r) for _ in range(count)]
 
@@ -279,12 +279,8 @@ def train_tokenizer(texts: list[str], vocab_size: int = 1024, *, cache_dir: str 
 
     require("train_tokenizer", "texts", len(texts) >= 1, "a non-empty list of strings", f"{len(texts)} texts")
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    require(
-        "train_tokenizer",
-        "vocab_size",
-        isinstance(vocab_size, int) and vocab_size >= len(alphabet) + 2,
-        f"an int >= {len(alphabet) + 2} (256 byte symbols + 2 special tokens)",
-        vocab_size,
+    require_int(
+        "train_tokenizer", "vocab_size", vocab_size, len(alphabet) + 2, note="256 byte symbols + 2 special tokens"
     )
     h = hashlib.blake2b(digest_size=12)
     for t in texts:
@@ -384,7 +380,7 @@ class StoryLanguageData:
         split has no document with text (nothing to predict).
         """
         owner = "StoryLanguageData"
-        require(owner, "seq_len", isinstance(seq_len, int) and seq_len >= 1, "an int >= 1", seq_len)
+        require_int(owner, "seq_len", seq_len, 1)
         require(
             owner,
             "fractions",
@@ -476,7 +472,7 @@ class StoryLanguageData:
         """``batch`` random windows inside single stories (class docstring): inputs (B, T), right-padded with
         ``pad_id``, and next-token targets (B, T), :data:`IGNORE_INDEX` past the story's last token; on the
         generator's device. ``targets[:, t] = inputs[:, t+1]`` wherever both are inside the story."""
-        require("StoryLanguageData", "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
+        require_int("StoryLanguageData", "batch", batch, 1)
         self._stream(split)
         dev = generator.device
         length, _, count = (t.to(dev) for t in self._layout[split])

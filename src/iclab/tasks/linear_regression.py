@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.numerics import haar_orthogonal, is_psd, sym_inv_sqrt, sym_sqrt
 
 WeightPrior = Literal["identity", "inverse_covariance"]
@@ -24,8 +24,8 @@ AHN2023_SPECTRUM = (1.0, 1.0, 0.25, 0.0625, 1.0)
 
 def check_batch_n(owner: str, batch: int, n: int) -> None:
     """The shared check of every sampler's ``batch`` and ``n`` arguments."""
-    require(owner, "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
-    require(owner, "n", isinstance(n, int) and n >= 1, "an int >= 1 (number of context pairs)", n)
+    require_int(owner, "batch", batch, 1)
+    require_int(owner, "n", n, 1, note="number of context pairs")
 
 
 def rotated_covariance(
@@ -81,7 +81,7 @@ class LinearRegression:
     _factors: dict[str, Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and self.d >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
         require(self, "weight_prior", self.weight_prior in WEIGHT_PRIORS, f"one of {WEIGHT_PRIORS}")
         require(self, "noise_std", self.noise_std >= 0, "a float >= 0")
         cov = (

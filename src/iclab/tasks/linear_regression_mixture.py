@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.numerics import is_psd, sym_sqrt
 from iclab.tasks.linear_regression import check_batch_n
 
@@ -31,7 +31,7 @@ Context = Literal["linear", "noise"]
 
 def fixed_weight(d: int, generator: torch.Generator) -> Tensor:
     """w_fix ~ N(0, I_d) rescaled to norm √d, as the authors' code draws it (float64, CPU)."""
-    require("fixed_weight", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("fixed_weight", "d", d, 1)
     w = torch.randn(d, generator=generator, dtype=torch.float64, device=generator.device).cpu()
     return w * math.sqrt(d) / w.norm()
 

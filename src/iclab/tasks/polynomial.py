@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.tasks.linear_regression import check_batch_n
 
 MONOMIAL_SETS = ("quadratic", "sparse_cubic")
@@ -47,8 +47,8 @@ SPARSE_CUBIC = (
 
 def all_monomials(d: int, degree: int) -> Tensor:
     """(M, d) exponents of every monomial of total degree ≤ ``degree``, graded, eq.-(7) order."""
-    require("all_monomials", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
-    require("all_monomials", "degree", isinstance(degree, int) and degree >= 0, "an int >= 0", degree)
+    require_int("all_monomials", "d", d, 1)
+    require_int("all_monomials", "degree", degree, 0)
     rows = []
     for k in range(degree + 1):
         for combo in itertools.combinations_with_replacement(range(d), k):
@@ -66,7 +66,7 @@ def monomial_set(
 
     ``owner`` names the caller in error messages (``FeatureLeastSquares.monomials must be ...``).
     """
-    require("monomial_set", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("monomial_set", "d", d, 1)
     if isinstance(monomials, str):
         require(owner, "monomials", monomials in MONOMIAL_SETS, f"one of {MONOMIAL_SETS}, an int degree >= 0 or an (M, d) exponent table", monomials)  # fmt: skip
         if monomials == "quadratic":
@@ -146,7 +146,7 @@ class PolynomialRegression:
     exponents: Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        require(self, "d", isinstance(self.d, int) and not isinstance(self.d, bool) and self.d >= 1, "an int >= 1")
+        require_int(self, "d", self.d, 1)
         object.__setattr__(self, "exponents", monomial_set(self.d, self.monomials))
 
     @property

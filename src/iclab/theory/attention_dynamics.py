@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from iclab.core.errors import require
+from iclab.core.errors import is_int, require, require_int
 
 
 def _check_lambda(Lambda: Tensor) -> None:
@@ -39,7 +39,7 @@ def expected_inv_n(n_max: int) -> float:
 
     n_max = 31 gives 0.129911.
     """
-    require("expected_inv_n", "n_max", isinstance(n_max, int) and n_max >= 1, "an int >= 1", n_max)
+    require_int("expected_inv_n", "n_max", n_max, 1)
     return sum(1.0 / k for k in range(1, n_max + 1)) / n_max
 
 
@@ -186,7 +186,7 @@ def merged_fixed_point(
     s = ‖W*‖_F and a unit ``direction`` u ∈ R^H (default all heads equal), so that w_2 w_2ᵀ = W_1 W_1ᵀ.
     Returns v (H,), U (H, D, D).
     """
-    require("merged_fixed_point", "n_heads", isinstance(n_heads, int) and n_heads >= 1, "an int >= 1", n_heads)
+    require_int("merged_fixed_point", "n_heads", n_heads, 1)
     W = converged_matrix(Lambda, inv_n)
     u = torch.ones(n_heads, dtype=W.dtype) if direction is None else direction.to(W.dtype)
     require(
@@ -215,15 +215,9 @@ def separate_fixed_point(
     lam, E = spectrum(Lambda)
     D = lam.numel()
     s = _subset("separate_fixed_point", subset, D)
-    require("separate_fixed_point", "rank", isinstance(rank, int) and 1 <= rank <= D, f"an int in [1, {D}]", rank)
+    require("separate_fixed_point", "rank", is_int(rank, 1) and rank <= D, f"an int in [1, {D}]", rank)
     need = -(-len(s) // rank)
-    require(
-        "separate_fixed_point",
-        "n_heads",
-        isinstance(n_heads, int) and n_heads >= max(need, 1),
-        f"an int >= {max(need, 1)} (|S_m|/R heads)",
-        n_heads,
-    )
+    require_int("separate_fixed_point", "n_heads", n_heads, max(need, 1), note="|S_m|/R heads")
     c = lam / second_moment_eigenvalues(Lambda, inv_n)
     v = lam.new_zeros(n_heads)
     k = lam.new_zeros(n_heads, rank, D)
@@ -269,7 +263,7 @@ def white_time_course(t: Tensor | float, D: int, inv_n: float, s0: float, scale:
     L = cD − 2c²Dσ + c³D(1 + (1 + D)E(1/N))σ² (c = 1 is the paper's eq. 10/51; c = 1/D is the
     official code's trace-normalised white covariance, spec 001 §3.1). Returns (σ, L).
     """
-    require("white_time_course", "D", isinstance(D, int) and D >= 1, "an int >= 1", D)
+    require_int("white_time_course", "D", D, 1)
     require("white_time_course", "scale", scale > 0, "a float > 0", scale)
     _check_inv_n(inv_n)
     g = scale**2 * math.sqrt(D)
@@ -374,8 +368,8 @@ def ansatz_weights(Lambda: Tensor, inv_n: float, m: int, v: float, n_heads: int)
     """
     lam, E = spectrum(Lambda)
     D = lam.numel()
-    require("ansatz_weights", "m", isinstance(m, int) and 0 <= m < D, f"an int in [0, {D})", m)
-    require("ansatz_weights", "n_heads", isinstance(n_heads, int) and n_heads >= m + 1, f"an int >= {m + 1}", n_heads)
+    require("ansatz_weights", "m", is_int(m, 0) and m < D, f"an int in [0, {D})", m)
+    require_int("ansatz_weights", "n_heads", n_heads, m + 1)
     vs, ks, _ = separate_fixed_point(Lambda, inv_n, range(m), n_heads)
     vs[m] = v
     ks[m, 0] = v * E[:, m]
@@ -385,7 +379,7 @@ def ansatz_weights(Lambda: Tensor, inv_n: float, m: int, v: float, n_heads: int)
 def ansatz_loss(v: Tensor | float, Lambda: Tensor, inv_n: float, m: int) -> Tensor:
     """L along the ansatz (20): L(M_m) − 2 λ_{m+1}² v³ + λ_{m+1} a_{m+1} v⁶ (→ L(M_{m+1}) at v*)."""
     lam, _ = spectrum(Lambda)
-    require("ansatz_loss", "m", isinstance(m, int) and 0 <= m < lam.numel(), f"an int in [0, {lam.numel()})", m)
+    require("ansatz_loss", "m", is_int(m, 0) and m < lam.numel(), f"an int in [0, {lam.numel()})", m)
     a = second_moment_eigenvalues(Lambda, inv_n)
     v = torch.as_tensor(v, dtype=torch.float64)
     return plateau_losses(Lambda, inv_n)[m] - 2 * lam[m] ** 2 * v**3 + lam[m] * a[m] * v**6
@@ -403,7 +397,7 @@ def early_alignment(
     """
     lam, E = spectrum(Lambda)
     D = lam.numel()
-    require("early_alignment", "m", isinstance(m, int) and 0 <= m < D, f"an int in [0, {D})", m)
+    require("early_alignment", "m", is_int(m, 0) and m < D, f"an int in [0, {D})", m)
     I = torch.as_tensor(integral_v, dtype=torch.float64)
     live = torch.arange(D) >= m
     om = torch.where(live, lam**2, torch.zeros_like(lam))  # (D,) Ω eigenvalues

@@ -20,7 +20,7 @@ spec only fixes the 1-layer numbers, which :func:`language_parameter_counts` rep
 
 from __future__ import annotations
 
-from iclab.core.errors import require
+from iclab.core.errors import require_int
 
 
 def language_parameter_counts(
@@ -41,7 +41,7 @@ def language_parameter_counts(
     """
     for name, v in (("vocab", vocab), ("d_embed", d_embed), ("heads", heads), ("seq_len", seq_len),
                     ("n_layers", n_layers), ("ff_mult", ff_mult)):  # fmt: skip
-        require("language_parameter_counts", name, isinstance(v, int) and v >= 1, "an int >= 1", v)
+        require_int("language_parameter_counts", name, v, 1)
     d, H, L = d_embed, heads, n_layers
     wte = vocab * d
     w_o = L * H * d * d

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from iclab.algorithms.functional_gd import FunctionalGD, FunctionalGDPlusPlus, GaussianProcessPosterior
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.kernels import KernelLike
 from iclab.core.numerics import as_vector, dist_to_identity, sym_inv_sqrt, sym_sqrt
 from iclab.tasks.gaussian_process import GaussianProcess
@@ -39,8 +39,8 @@ F64 = torch.float64
 def linear_gp_bayes_risk(n: int, d: int) -> float:
     """Bayes risk of the noiseless linear GP on the sphere (Ex. 6, whitened): E[ξ_qᵀ(I − P_n)ξ_q] = 1 − n/d
     for n < d (P_n projects on the span of n directions), 0 for n >= d (spec 000 §3.5)."""
-    require("linear_gp_bayes_risk", "n", isinstance(n, int) and n >= 0, "an int >= 0", n)
-    require("linear_gp_bayes_risk", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("linear_gp_bayes_risk", "n", n, 0)
+    require_int("linear_gp_bayes_risk", "d", d, 1)
     return max(0.0, 1.0 - n / d)
 
 
@@ -55,7 +55,7 @@ def bayes_risk(
 ) -> tuple[float, float]:
     """E_X[μ − νᵀK̂⁻¹ν] of ``task`` with ``n`` context pairs by Monte Carlo over ``samples`` prompts:
     (mean, standard error). The posterior variance uses the K₊ the labels are drawn from (eq. 13)."""
-    require("bayes_risk", "samples", isinstance(samples, int) and samples >= 2, "an int >= 2", samples)
+    require_int("bayes_risk", "samples", samples, 2)
     post = GaussianProcessPosterior()
     vals = []
     left = samples

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from iclab.core.errors import require
+from iclab.core.errors import is_int, require, require_int
 from iclab.tasks.polynomial import monomial_set
 
 Poly = dict[tuple[int, ...], float]
@@ -166,7 +166,7 @@ def quadratic_stats(d: int) -> FeatureStats:
 
 def one_block_loss(gamma: Tensor, n: int, stats: FeatureStats) -> float:
     """Exact E(v̂ + y_q)² of one (5)-sparse block with preconditioner Γ on n context pairs (Lemma 8)."""
-    require("one_block_loss", "n", isinstance(n, int) and n >= 1, "an int >= 1", n)
+    require_int("one_block_loss", "n", n, 1)
     g = torch.as_tensor(gamma, dtype=F64)
     lam, S, Phi = stats.Lambda, stats.S, stats.Phi_bar
     require("one_block_loss", "gamma", tuple(g.shape) == tuple(lam.shape), f"a {tuple(lam.shape)} matrix", tuple(g.shape))  # fmt: skip
@@ -176,7 +176,7 @@ def one_block_loss(gamma: Tensor, n: int, stats: FeatureStats) -> float:
 
 def optimal_gamma(n: int, stats: FeatureStats) -> Tensor:
     """Γ* = −(S + Φ̄/n)⁻¹ S Λ⁻¹: the exact minimiser of :func:`one_block_loss` (Thm 5 made explicit)."""
-    require("optimal_gamma", "n", isinstance(n, int) and n >= 1, "an int >= 1", n)
+    require_int("optimal_gamma", "n", n, 1)
     return -torch.linalg.solve(stats.S + stats.Phi_bar / n, stats.S @ torch.linalg.inv(stats.Lambda))
 
 
@@ -189,13 +189,13 @@ def optimal_loss(n: int, stats: FeatureStats) -> float:
 
 def affine_floor(d: int) -> float:
     """Prop. 1 for random quadratics: the best affine predictor leaves d(d+3)/2 (9, 14 for d = 3, 4)."""
-    require("affine_floor", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("affine_floor", "d", d, 1)
     return d * (d + 3) / 2
 
 
 def construction_constant(d: int) -> float:
     """K(d) = d(d³ + 18d² + 95d + 142)/4: the Thm-2 construction (Γ = −Λ⁻¹) has loss exactly K(d)/n [derived]."""
-    require("construction_constant", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
+    require_int("construction_constant", "d", d, 1)
     return d * (d**3 + 18 * d**2 + 95 * d + 142) / 4
 
 
@@ -214,7 +214,7 @@ def prop4_bound(d: int, d_tilde: int) -> float:
     """Corrected Prop. 4: one block whose features span d̃ < C(d+2,2) dimensions of span(8) has loss >=
     the sum of the C(d+2,2) − d̃ smallest eigenvalues of Σ (Ky Fan); 2.298 for d = 4, d̃ = 12."""
     q = math.comb(d + 2, 2)
-    require("prop4_bound", "d_tilde", isinstance(d_tilde, int) and 0 <= d_tilde <= q, f"an int in [0, {q}]", d_tilde)
+    require("prop4_bound", "d_tilde", is_int(d_tilde, 0) and d_tilde <= q, f"an int in [0, {q}]", d_tilde)
     ev = torch.linalg.eigvalsh(coefficient_covariance(d))
     return float(ev[: q - d_tilde].sum())
 

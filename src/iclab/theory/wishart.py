@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from iclab.core.errors import require
+from iclab.core.errors import is_int, require, require_int
 
 # fmt: off
 WISHART_PAIRINGS = {
@@ -36,12 +36,12 @@ KMAX = max(WISHART_PAIRINGS)
 
 def wishart_moments_exact(d: int, n: int, kmax: int) -> Tensor:
     """(kmax + 1,) float64: m_0 = d and m_k = E tr(W^k), W = GGᵀ/n, exactly, for k ≤ 8."""
-    require("wishart_moments_exact", "d", isinstance(d, int) and d >= 1, "an int >= 1", d)
-    require("wishart_moments_exact", "n", isinstance(n, int) and n >= 1, "an int >= 1", n)
+    require_int("wishart_moments_exact", "d", d, 1)
+    require_int("wishart_moments_exact", "n", n, 1)
     require(
         "wishart_moments_exact",
         "kmax",
-        isinstance(kmax, int) and 0 <= kmax <= KMAX,
+        is_int(kmax, 0) and kmax <= KMAX,
         f"an int in [0, {KMAX}] (exact tables)",
         kmax,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs")
 SCHEDULES = ("constant", "step", "cosine")
@@ -54,8 +54,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         pos = "an int >= 1"
-        require(self, "steps", isinstance(self.steps, int) and self.steps >= 1, pos)
-        require(self, "batch_size", isinstance(self.batch_size, int) and self.batch_size >= 1, pos)
+        require_int(self, "steps", self.steps, 1)
+        require_int(self, "batch_size", self.batch_size, 1)
         require(self, "optimizer", self.optimizer in OPTIMIZERS, f"one of {OPTIMIZERS}")
         require(self, "lr", self.lr > 0, "a float > 0")
         require(self, "betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "two floats in [0, 1)")

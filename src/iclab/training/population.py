@@ -34,7 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import require
+from iclab.core.errors import require, require_int
 from iclab.core.io import atomic_torch_save, atomic_write_text
 from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
 from iclab.theory.attention_dynamics import population_loss, second_moment_hat
@@ -107,8 +107,8 @@ class Trajectory:
 
 def _check_common(owner: str, model: nn.Module, lr: float, steps: int, record_every: int) -> None:
     require(owner, "lr", float(lr) > 0, "a float > 0", lr)
-    require(owner, "steps", isinstance(steps, int) and steps >= 0, "an int >= 0", steps)
-    require(owner, "record_every", isinstance(record_every, int) and record_every >= 1, "an int >= 1", record_every)
+    require_int(owner, "steps", steps, 0)
+    require_int(owner, "record_every", record_every, 1)
 
 
 def _require_reduced(owner: str, model: nn.Module) -> _ReducedAttention:
@@ -419,9 +419,9 @@ def online_sgd(
     owner = "online_sgd"
     _check_common(owner, model, lr, steps, record_every)
     m = _require_reduced(owner, model)
-    require(owner, "steps", steps >= 1, "an int >= 1", steps)
-    require(owner, "batch", isinstance(batch, int) and batch >= 1, "an int >= 1", batch)
-    require(owner, "n", isinstance(n, int) and n >= 1, "an int >= 1", n)
+    require_int(owner, "steps", steps, 1)
+    require_int(owner, "batch", batch, 1)
+    require_int(owner, "n", n, 1)
     if Lambda is None:
         ok = (
             getattr(task, "Sigma", None) is not None

@@ -1,0 +1,292 @@
+"""The set-up shared by the cards of Ahn et al. 2023: the task and trainer of Sec. 4.3, the per-seed training
+runs, the Thm-3 S-optimum, the GD / Σ⁻¹-PGD baselines of App. D, and the plot panels several cards draw.
+
+Reference numbers are derived in spec 002 §5.0 and recomputed by :mod:`iclab.theory`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from iclab import algorithms
+from iclab.core.errors import require_int
+from iclab.core.numerics import dist_to_identity, sym_sqrt
+from iclab.core.seeding import derive_seed, generator
+from iclab.experiments.registry import RunContext
+from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig, Pattern
+from iclab.plotting import band
+from iclab.tasks.linear_regression import AHN2023_SPECTRUM, LinearRegression, WeightPrior
+from iclab.theory import preconditioned_gd as th
+from iclab.training import ModelSpec, TrainConfig, TrainingRun, TrainResult
+
+#: The authors' trainer (Sec. 4.3 and their code's hidden settings, spec 002 §3.1): AdamW β = (0.99, 0.9), lr 0.02
+#: halved every 2000 steps, 30 000 steps of 20 000 prompts resampled every 100, per-matrix clipping 0.01.
+PAPER_TRAIN: dict[str, Any] = dict(
+    optimizer="adamw",
+    lr=0.02,
+    betas=(0.99, 0.9),
+    steps=30_000,
+    batch_size=20_000,
+    resample_every=100,
+    train_size=None,  # a fixed training set (L-BFGS runs)
+    schedule="step",
+    step_every=2000,
+    clip=0.01,
+    lbfgs_history=600,
+    lbfgs_max_iter=4,
+    lbfgs_line_search=None,
+    eval_every=100,
+    eval_batch=20_000,
+    snapshot_every=100,
+    dtype="float32",
+)
+
+#: The training part of every smoke preset: seconds, checks only that everything runs.
+SMOKE: dict[str, Any] = dict(seeds=1, steps=20, batch_size=256, eval_batch=256, eval_every=10)
+
+
+def paper_train(**changes: Any) -> TrainConfig:
+    """The authors' :data:`PAPER_TRAIN` settings with a card's ``changes`` (e.g. the L-BFGS notebook's)."""
+    return TrainConfig(**{**PAPER_TRAIN, **changes})
+
+
+@dataclass(frozen=True, kw_only=True)
+class LinearSetup:
+    """The training set-up of Ahn et al. 2023, Sec. 4.3: d = 5, n = 20, L = 3, Σ = UᵀDU with the paper's
+    spectrum and a random U per seed, init std 1e-4 (the authors' code), and the trainer ``train``."""
+
+    seeds: int = 5
+    d: int = 5
+    n: int = 20
+    n_layers: int = 3
+    spectrum: tuple[float, ...] = AHN2023_SPECTRUM
+    rotation: Literal["haar", "svd-uniform", "none"] = "haar"
+    init_std: float = 1e-4
+    train: TrainConfig = field(default_factory=paper_train)
+
+    def __post_init__(self) -> None:
+        for name in ("seeds", "d", "n", "n_layers"):
+            require_int(self, name, getattr(self, name), 1)
+
+
+def make_task(setup: LinearSetup, seed: int, weight_prior: WeightPrior) -> LinearRegression:
+    """Run ``seed``'s problem: Σ = UᵀDU with its own random U (the paper: 5 runs, 5 different U)."""
+    return LinearRegression.random_rotation(
+        setup.spectrum,
+        generator=generator(derive_seed(seed, "task")),
+        rotation=setup.rotation,
+        weight_prior=weight_prior,
+    )
+
+
+def _snapshot(model: LinearTransformer, pattern: Pattern) -> dict[str, Tensor]:
+    out = {"P": model.P[:, 0], "Q": model.Q[:, 0]} if pattern == "full" else {"A": model.A[:, 0]}
+    if pattern == "pattern11":
+        out["B"] = model.B[:, 0]
+    return out
+
+
+def training_run(
+    setup: LinearSetup,
+    *,
+    name: str,
+    seed: int,
+    task: LinearRegression,
+    pattern: Pattern,
+    n: int | None = None,
+    n_layers: int | None = None,
+    snapshot: bool = True,
+) -> TrainingRun:
+    """One linear transformer trained on ``task`` for one seed (init ``derive_seed(seed, "init")``)."""
+    model = LinearTransformerConfig(
+        d=task.d, n_layers=n_layers or setup.n_layers, pattern=pattern, init_std=setup.init_std
+    )
+    train = dataclasses.replace(setup.train, checkpoint_every=max(1, setup.train.steps // 10), progress=True)
+    return TrainingRun(
+        name=name,
+        model=ModelSpec(LinearTransformer, model),
+        task=functools.partial(task.sample, n=n or setup.n),
+        train=train,
+        seed=seed,
+        init_key=("init",),
+        snapshot=functools.partial(_snapshot, pattern=pattern) if snapshot and train.snapshot_every else None,
+    )
+
+
+@dataclass
+class SeedRun:
+    """What the figures plot of one seed's run: the test-loss curve, the parameter snapshots stacked over
+    snapshot steps (``A`` (S, L, d, d), ``B`` for pattern (11)) and the run's Σ."""
+
+    seed: int
+    steps: Tensor  # (T,) int64
+    test_loss: Tensor  # (T,) float64
+    snap_steps: Tensor  # (S,)
+    A: Tensor
+    Sigma: Tensor
+    B: Tensor | None = None
+
+
+def seed_runs(setup: LinearSetup, ctx: RunContext, *, pattern: Pattern, weight_prior: WeightPrior) -> list[SeedRun]:
+    """Train one model per seed, each on its own Σ, and collect its curve and snapshots."""
+    tasks = [make_task(setup, s, weight_prior) for s in range(setup.seeds)]
+    runs = [training_run(setup, name=f"seed{s}", seed=s, task=t, pattern=pattern) for s, t in enumerate(tasks)]
+    out = []
+    for s, (task, res) in enumerate(zip(tasks, ctx.execute(runs), strict=True)):
+        steps, loss = res.curve_tensor("test_loss")
+        snaps = res.snapshots
+        out.append(
+            SeedRun(
+                seed=s,
+                steps=steps,
+                test_loss=loss,
+                snap_steps=torch.tensor(res.snapshot_steps),
+                A=snaps["A"],
+                B=snaps.get("B"),
+                Sigma=task.Sigma,
+            )
+        )
+    return out
+
+
+def final_test_loss(result: TrainResult) -> Tensor:
+    return result.curve_tensor("test_loss")[1][-1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Σ-weighted distances and the Thm-3 S-optimum
+
+
+def sigma_conj(A: Tensor, Sigma: Tensor) -> Tensor:
+    """Σ^½ A Σ^½ (over the last two axes): a_i Σ⁻¹ becomes a_i I."""
+    S = sym_sqrt(Sigma)
+    return S @ A @ S
+
+
+def dist_curves(run: SeedRun) -> tuple[Tensor, Tensor]:
+    """Dist(A_i, I) and Dist(Σ^½A_iΣ^½, I) over the snapshots, each (S, L)."""
+    return dist_to_identity(run.A), dist_to_identity(sigma_conj(run.A, run.Sigma))
+
+
+@dataclass
+class SparseReference:
+    """The Thm-3 S-optimum of pattern (8): the best steps a_i (A_i = a_iΣ⁻¹) and their loss."""
+
+    a: Tensor  # (L,) float64
+    loss: float
+
+
+def sparse_reference(d: int, n: int, L: int, samples: int) -> SparseReference:
+    a, loss = th.theorem3_optimum(d, n, L, samples=samples, generator=generator(derive_seed(0, "thm3", d, n, L)))
+    return SparseReference(a=torch.as_tensor(a, dtype=torch.float64), loss=float(loss))
+
+
+def log_loss_panel(ax: Any, runs: list[SeedRun], title: str, reference: float | None = None, label: str = "") -> None:
+    """Mean ± std over runs of the log test loss, with a dashed reference loss if given."""
+    band(ax, runs[0].steps.numpy(), torch.stack([r.test_loss for r in runs]), log=True, color="k", label="test loss")
+    if reference is not None:
+        ax.axhline(math.log(reference), ls="--", color="tab:green", label=label)
+        ax.legend(fontsize=7)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("log(loss)")
+    ax.set_title(title)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Figures 6 and 7 (App. D): trained transformer vs GD, Σ⁻¹-PGD and least squares
+
+#: Spec 002 §5.0 (paper spectrum, w⋆ ~ N(0, Σ⁻¹), all N examples, best constant normalised step).
+PGD3_BY_N = dict(
+    zip(range(2, 21, 2), (3.385, 2.313, 1.630, 1.175, 0.869, 0.663, 0.518, 0.410, 0.328, 0.268), strict=True)
+)
+GD3_BY_N = dict(
+    zip(range(2, 21, 2), (3.848, 3.070, 2.553, 2.209, 1.963, 1.785, 1.647, 1.542, 1.453, 1.383), strict=True)
+)
+LOG_GD_BY_L = {1: 0.810, 2: 0.495, 3: 0.324, 4: 0.183}  # N = 20
+LOG_PGD_BY_L = {1: 0.143, 2: -0.696, 3: -1.319, 4: -1.825}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaselineConfig(LinearSetup):
+    step_bounds: tuple[float, float] = (1e-3, 1.5)  # bracket of the constant-step searches
+
+
+@dataclass
+class Baselines:
+    """Test losses of L steps of GD and of Σ⁻¹-PGD (best constant step each) and of least squares."""
+
+    gd: float
+    gd_step: float
+    pgd: float
+    pgd_step: float
+    ols: float
+
+
+@dataclass
+class ComparisonRow:
+    """One (N, L, seed) point of Fig. 6 / 7: the trained transformer's test loss beside the baselines'."""
+
+    n: int
+    L: int
+    seed: int
+    tf: float
+    gd: float
+    pgd: float
+    ols: float
+    gd_step: float
+    pgd_step: float
+
+
+def baselines(cfg: BaselineConfig, task: LinearRegression, n: int, L: int, seed: int) -> tuple[Baselines, Any]:
+    """GD and Σ⁻¹-PGD with the best constant step (chosen on a validation batch, as the authors'
+    code does), and the Bayes / whitened minimum-norm least-squares predictor, on a test batch;
+    returns the losses and the test episode."""
+    batch = cfg.train.eval_batch
+    val = task.sample(batch, n, generator=generator(derive_seed(seed, "val", n)), dtype=torch.float64)
+    test = task.sample(batch, n, generator=generator(derive_seed(seed, "test", n)), dtype=torch.float64)
+    eye, prec = torch.eye(task.d, dtype=torch.float64), torch.linalg.inv(task.Sigma)
+    out: dict[str, float] = {}
+    for name, pre in (("gd", eye), ("pgd", prec)):
+        step, _ = th.best_constant_step(
+            lambda s, pre=pre: th.episode_loss(algorithms.pgd(pre, [s] * L), val), cfg.step_bounds
+        )
+        out[name] = th.episode_loss(algorithms.pgd(pre, [step] * L), test)
+        out[f"{name}_step"] = step
+    out["ols"] = th.episode_loss(algorithms.BayesPosteriorMean(), test)
+    return Baselines(**out), test
+
+
+def compare(cfg: BaselineConfig, ctx: RunContext, points: list[tuple[int, int]], by: str) -> list[ComparisonRow]:
+    """For each (n, L) in ``points`` and each seed: one pattern-(11) transformer trained on the seed's task (all
+    runs executed together, named ``n<n>-seed<s>`` or ``L<L>-seed<s>`` by ``by``), then the baselines on the
+    seed's task and the transformer's loss on the same test episode."""
+    jobs, runs = [], []
+    for n, L in points:
+        for s in range(cfg.seeds):
+            task = make_task(cfg, s, "inverse_covariance")
+            jobs.append((n, L, s, task))
+            name = f"{by}{n if by == 'n' else L}-seed{s}"
+            runs.append(
+                training_run(cfg, name=name, seed=s, task=task, pattern="pattern11", n=n, n_layers=L, snapshot=False)
+            )
+    rows = []
+    for (n, L, s, task), res in zip(jobs, ctx.execute(runs), strict=True):
+        base, test = baselines(cfg, task, n, L, s)
+        tf = th.episode_loss(res.model.double().cpu(), test)
+        rows.append(ComparisonRow(n=n, L=L, seed=s, tf=tf, **dataclasses.asdict(base)))
+    return rows
+
+
+def mean_by(rows: list[ComparisonRow], key: str, by: str) -> dict[int, float]:
+    """Mean of ``row.<key>`` over seeds, by ``row.<by>`` (``n`` or ``L``), in first-seen order."""
+    out: dict[int, list[float]] = {}
+    for r in rows:
+        out.setdefault(getattr(r, by), []).append(getattr(r, key))
+    return {k: sum(v) / len(v) for k, v in out.items()}

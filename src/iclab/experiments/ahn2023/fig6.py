@@ -1,0 +1,170 @@
+"""Ahn et al. 2023, Fig. 6 (App. D): test loss against the number of in-context examples N, d = 5, Σ = UᵀDU,
+w⋆ ~ N(0, Σ⁻¹): the 3-layer pattern-(11) transformer beats 3 steps of Σ⁻¹-preconditioned GD, which beats 3 steps of
+GD (both with the best constant step, chosen on a validation batch); least squares shown for reference.
+
+Run: ``iclab run ahn2023.fig6 --preset quick``
+
+Claims:
+- baselines_match_reference: the GD3 / PGD3 losses within tol.baseline_rtol of spec 002 §5.0 at every N
+- least_squares_loss_is_d_minus_N: whitened min-norm least squares has loss max(d − N, 0) (within tol.baseline_rtol)
+- tf_beats_pgd_beats_gd: TF < PGD3 < GD3 at every N ≥ 6
+
+Time on 2 CPU cores: quick 31 s (N ∈ {8, 12, 16, 20}, one seed, 100 L-BFGS iterations on 4000 prompts); paper: not
+run here; projected ≈ 13 h (50 AdamW runs of 8000 steps of 40 000 prompts).
+
+What did not match: the quick preset starts at N = 8: an L-BFGS fit on 4000 fixed prompts at N ≤ 6 has a heavy-tailed
+test loss (one run gave 10³ at N = 2); the paper preset trains N = 2..20 online with AdamW as the authors did. The
+authors' baselines drop one example (off-by-one), ours do not. See docs/papers/ahn2023.md and docs/errata.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from iclab.core.errors import is_int, require
+from iclab.experiments.ahn2023._setup import (
+    GD3_BY_N,
+    PGD3_BY_N,
+    BaselineConfig,
+    ComparisonRow,
+    compare,
+    mean_by,
+    paper_train,
+)
+from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.plotting import save, subplots
+from iclab.training import TrainConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fig6Tolerances:
+    baseline_rtol: float = 0.05
+
+
+def _variable_n_notebook() -> TrainConfig:
+    """The authors' variable_N notebook: online AdamW, lr 0.01, β = (0.99, 0.99), 8000 steps of 40 000 prompts."""
+    return paper_train(
+        lr=0.01,
+        betas=(0.99, 0.99),
+        steps=8000,
+        batch_size=40_000,
+        resample_every=1,
+        clip=0.001,
+        snapshot_every=0,
+        eval_every=500,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fig6Config(BaselineConfig):
+    ns: tuple[int, ...] = (2, 4, 6, 8, 10, 12, 14, 16, 18, 20)
+    train: TrainConfig = field(default_factory=_variable_n_notebook)
+    tol: Fig6Tolerances = field(default_factory=Fig6Tolerances)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self, "ns", len(self.ns) >= 1 and all(is_int(n, 1) for n in self.ns), "a non-empty tuple of ints >= 1")
+
+
+@dataclass
+class Fig6Results:
+    rows: list[ComparisonRow]
+
+
+def run(cfg: Fig6Config, ctx: RunContext) -> Fig6Results:
+    return Fig6Results(rows=compare(cfg, ctx, [(n, cfg.n_layers) for n in cfg.ns], by="n"))
+
+
+def plot(results: Fig6Results, cfg: Fig6Config, out: Path) -> list[Path]:
+    rows = results.rows
+    fig, axes = subplots(1, 1, size=(4.4, 3.2))
+    ax = axes[0, 0]
+    for key, label, style in (
+        ("tf", f"{cfg.n_layers}-layer TF (11)", "o-"),
+        ("pgd", f"{cfg.n_layers}-step Σ⁻¹-PGD", "s-"),
+        ("gd", f"{cfg.n_layers}-step GD", "^-"),
+        ("ols", "least squares (whitened min-norm)", "x--"),
+    ):
+        m = mean_by(rows, key, "n")
+        ax.plot(list(m), list(m.values()), style, label=label, ms=4)
+    ax.set_xlabel("number of ICL examples N")
+    ax.set_ylabel("test loss")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    return [save(fig, out / "fig6.png")]
+
+
+def claims(results: Fig6Results, cfg: Fig6Config) -> list[ClaimResult]:
+    rows = results.rows
+    tf, pgd, gd, ols = (mean_by(rows, k, "n") for k in ("tf", "pgd", "gd", "ols"))
+    big = [n for n in cfg.ns if n >= 6]
+    out = []
+    ref_ns = [n for n in cfg.ns if n in PGD3_BY_N] if cfg.n_layers == 3 and cfg.d == 5 else []
+    if ref_ns:
+        err = max(max(abs(pgd[n] / PGD3_BY_N[n] - 1), abs(gd[n] / GD3_BY_N[n] - 1)) for n in ref_ns)
+        out.append(
+            check(
+                "baselines_match_reference",
+                err,
+                hi=cfg.tol.baseline_rtol,
+                detail="max relative gap of GD3 / PGD3 losses to spec 002 §5.0 over N",
+            )
+        )
+    ols_err = max(abs(ols[n] - max(cfg.d - n, 0)) / max(cfg.d - n, 1) for n in cfg.ns)
+    out.append(
+        check(
+            "least_squares_loss_is_d_minus_N",
+            ols_err,
+            hi=cfg.tol.baseline_rtol,
+            detail="whitened min-norm least squares has loss max(d − N, 0)",
+        )
+    )
+    if big:
+        frac = sum(tf[n] < pgd[n] < gd[n] for n in big) / len(big)
+        out.append(
+            check(
+                "tf_beats_pgd_beats_gd",
+                frac,
+                lo=1.0,
+                detail=f"fraction of N ≥ 6 with TF < PGD3 < GD3; TF {[round(tf[n], 3) for n in big]}",
+            )
+        )
+    return out
+
+
+FIG6 = register(
+    Experiment(
+        name="ahn2023.fig6",
+        title="Fig. 6: test loss vs number of in-context examples, 3-layer TF vs GD, Σ⁻¹-PGD, least squares",
+        config=Fig6Config,
+        presets={
+            "smoke": dict(ns=(2, 6), seeds=1, steps=5, batch_size=256, eval_batch=512, eval_every=5),
+            "quick": dict(
+                # quick: L-BFGS on 4000 fixed prompts; below N ≈ d it overfits to a heavy-tailed test loss,
+                # so the quick preset starts at N = 8 (the paper preset trains N = 2..20 online with Adam).
+                ns=(8, 12, 16, 20),
+                seeds=1,
+                optimizer="lbfgs",
+                lr=0.1,
+                steps=100,
+                train_size=4000,
+                batch_size=4000,
+                resample_every=0,
+                schedule="constant",
+                clip=None,
+                eval_batch=20_000,
+                eval_every=50,
+            ),
+            "paper": dict(),
+        },
+        run=run,
+        plot=plot,
+        claims=claims,
+        description="d=5, Σ = UᵀDU, w⋆ ~ N(0, Σ⁻¹). GD and PGD use the best constant step on the normalised gradient, chosen on a validation batch; the authors' code also drops one example (off-by-one, docs/errata.md), we do not.",
+        smoke_unchecked={
+            "baselines_match_reference": "512 test prompts: the Monte-Carlo error (≈ 10%) exceeds the 5% tolerance",
+            "tf_beats_pgd_beats_gd": "5 training steps: the transformer is still near its initial loss",
+        },
+    )
+)
