@@ -1,7 +1,8 @@
 """Record every experiment's claim values at the ``smoke`` preset (tests/data/smoke_claims.json).
 
-Run before a refactor that must not change results; ``tests/test_smoke_claims_frozen.py`` then asserts
-that the measured values are unchanged. ``python scripts/freeze_smoke_claims.py [--out FILE] [NAME ...]``
+Run before a refactor that must not change results; the smoke test (tests/test_experiments.py) then asserts
+that the measured values are unchanged. ``python scripts/freeze_smoke_claims.py [--out FILE] [NAME ...]``:
+with NAMEs (a new card), only those are run and merged into the existing file.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     names = args.names or list(all_experiments())
-    frozen: dict[str, dict[str, object]] = {}
+    out = Path(args.out)
+    frozen: dict[str, dict[str, object]] = json.loads(out.read_text()) if args.names and out.is_file() else {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             res = run_experiment(name, "smoke", out=tmp)
             frozen[name] = {c.name: c.measured for c in res.claims}
             print(name, len(res.claims), f"{res.seconds:.1f}s", file=sys.stderr)
-    Path(args.out).write_text(json.dumps(frozen, indent=1, sort_keys=True) + "\n")
+    out.write_text(json.dumps(frozen, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

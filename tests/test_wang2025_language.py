@@ -1,4 +1,4 @@
-"""experiments.wang2025_language: early stopping on the validation NLL (spec 004 §4.0) and the reported run."""
+"""experiments.wang2025.language: early stopping on the validation NLL (spec 004 §4.0) and the reported run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from iclab.experiments import run_experiment
-from iclab.experiments.wang2025_language import BestCheckpoint, LanguageConfig, evaluate_tokens
+from iclab.experiments.wang2025.language import BestCheckpoint, LanguageConfig, evaluate_tokens
 from iclab.models.language import LanguageGPT
+from iclab.training import TrainConfig
 
 V, T = 13, 8
 
@@ -44,21 +45,28 @@ def test_best_checkpoint_keeps_the_lowest_validation_nll_and_survives_a_restart(
 
 def test_language_smoke_reports_the_early_stopped_model(tmp_path) -> None:
     """Every run reports its best validation step; the validation curve comes from eval-mode snapshots at step 0,
-    every eval_every steps and the end; the paper preset keeps the protocol's 5 seeds."""
+    every train.snapshot_every steps and the end; the paper preset keeps the protocol's 5 seeds."""
     res = run_experiment("wang2025.language", "smoke", out=tmp_path)
     cfg = res.config
-    for r in res.results["runs"]:
-        assert r["curve_steps"] == [0, 5, 10, 15] == list(range(0, cfg.steps + 1, cfg.eval_every))
-        assert r["best_val_nll"] == min(r["curve_val_nll"])
-        assert r["best_step"] == r["curve_steps"][r["curve_val_nll"].index(r["best_val_nll"])]
+    for r in res.results.runs:
+        assert r.curve_steps == [0, 5, 10, 15] == list(range(0, cfg.train.steps + 1, cfg.train.snapshot_every))
+        assert r.best_val_nll == min(r.curve_val_nll)
+        assert r.best_step == r.curve_steps[r.curve_val_nll.index(r.best_val_nll)]
     assert LanguageConfig().seeds == 5
 
 
 def test_language_config_rejects_bad_schedules() -> None:
     from iclab.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="LanguageConfig.schedule must be 'constant' or 'cosine'; got 'step'"):
-        LanguageConfig(schedule="step")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"LanguageConfig.warmup_steps must be an int in \[0, steps = 100\)"):
-        LanguageConfig(steps=100, warmup_steps=100)
-    assert LanguageConfig().schedule == "constant"  # the authors' constant lr
+    with pytest.raises(ConfigError, match="LanguageConfig.train.schedule must be 'constant' or 'cosine'; got 'step'"):
+        LanguageConfig(train=TrainConfig(schedule="step"))
+    with pytest.raises(
+        ConfigError, match=r"LanguageConfig.train.warmup_steps must be an int in \[0, train.steps = 100\)"
+    ):
+        LanguageConfig(train=TrainConfig(steps=100, warmup_steps=100))
+    assert LanguageConfig().train.schedule == "constant"  # the authors' constant lr
+    from iclab.experiments import get
+    from iclab.experiments.runner import resolve_config
+
+    with pytest.raises(ConfigError, match=r"^wang2025.language.train.schedule must be 'constant' or 'cosine'"):
+        resolve_config(get("wang2025.language"), "quick", ["schedule=step"])  # the shorthand routes to train

@@ -113,9 +113,12 @@ class RunContext:
         return p
 
     def execute(self, runs: Sequence[TrainingRun]) -> list[TrainResult]:
-        """Execute an experiment's training runs (each in ``out_dir/<run name>`` unless it names its own
-        directory) on this context's device, and return their results in order."""
-        placed = [r if r.out_dir is not None else dataclasses.replace(r, out_dir=self.subdir(r.name)) for r in runs]
+        """Execute an experiment's training runs on this context's device and return their results in order;
+        a sampled run checkpoints in ``out_dir/<run name>`` unless it names its own directory."""
+        placed = [
+            r if r.out_dir is not None or r.regime != "sampled" else dataclasses.replace(r, out_dir=self.subdir(r.name))
+            for r in runs
+        ]
         return execute_all(placed, device=self.device, progress=self.progress)
 
     def train(self, run: TrainingRun) -> TrainResult:
@@ -155,7 +158,7 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
-_INFRASTRUCTURE = {"registry", "runner", "common"}
+_INFRASTRUCTURE = {"registry", "runner"}
 
 
 def _load_all() -> None:

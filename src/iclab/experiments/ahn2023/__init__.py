@@ -14,6 +14,7 @@ from iclab.experiments.ahn2023 import fig1 as fig1
 from iclab.experiments.ahn2023 import fig3 as fig3
 from iclab.experiments.ahn2023 import fig6 as fig6
 from iclab.experiments.ahn2023 import fig7 as fig7
+from iclab.experiments.ahn2023 import isotropic as isotropic
 from iclab.experiments.ahn2023 import theorem1 as theorem1
 from iclab.experiments.ahn2023 import theorem2 as theorem2
 from iclab.experiments.ahn2023 import theorem5 as theorem5

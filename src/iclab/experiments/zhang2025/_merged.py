@@ -1,0 +1,90 @@
+"""The run shared by Figs 1 and 9: ATTN_M (eq. M) and the two-layer linear MLP on the cubic feature z = vec(βx_qᵀ)
+(eq. 6-7), trained by full-batch GD on the same P sequences from the same (mapped) init."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from iclab.core.seeding import derive_seed, generator
+from iclab.experiments.registry import RunContext
+from iclab.experiments.zhang2025._setup import F64, Setup, covariance, finite, full_batch, sgd
+from iclab.models.reduced_attention import MergedAttention
+from iclab.tasks.linear_regression import LinearRegression
+from iclab.theory import attention_dynamics as ad
+from iclab.training import ModelSpec, TrainConfig, TrainingRun
+
+#: Figs 1 and 9 share these presets (and so one run per preset).
+PRESETS: dict[str, dict[str, object]] = {
+    "smoke": dict(steps=40, train_size=200, lr=0.1, w_init=1e-2, eval_every=2),
+    "quick": dict(steps=1500, train_size=5000, lr=0.1, w_init=1e-3, eval_every=5),
+    "paper": dict(),
+}
+INIT_KEY = ("init", "merged")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MergedSetup(Setup):
+    seeds: int = 1
+    n_heads: int = 8
+    w_init: float = 1.6e-5  # the code's --init 1e-6 per entry, ×√N, ×√H (eq. 34)
+    train_size: int = 5000
+    train: TrainConfig = field(default_factory=lambda: sgd(lr=0.031, steps=6001))  # the code's lr 1e-3, ×N
+
+
+@dataclass
+class MergedResults:
+    Lambda: Tensor
+    time: Tensor  # (T,)
+    loss: Tensor  # (T,) population loss of the ATTN_M iterates
+    train_loss: Tensor  # (T,)
+    mlp_train_loss: Tensor  # (T,)
+    v: Tensor  # (T, H)
+    U: Tensor  # (T, H, d, d)
+    mlp_W1: Tensor  # (T, H, d²)
+
+
+def run_merged(cfg: MergedSetup, ctx: RunContext) -> MergedResults:
+    """ATTN_M and the MLP on z = vec(βx_qᵀ), full-batch GD on the same data from the same (mapped) init."""
+    Lam = covariance(cfg)
+    spec = ModelSpec(MergedAttention, kwargs=dict(d=cfg.d, n_heads=cfg.n_heads, w_init=cfg.w_init), dtype="float64")
+    mlp = spec.build(generator(derive_seed(0, *INIT_KEY))).mlp()  # w_2 = v, W_1[i] = vec(U_i)ᵀ (eq. 6-7)
+    task = LinearRegression(d=cfg.d, covariance=Lam)
+    ep = task.sample(cfg.train_size, cfg.n, generator=generator(derive_seed(0, "train", "merged")), dtype=F64)
+    train = full_batch(cfg.train, cfg.train_size)
+    attn, net = ctx.execute(
+        [
+            TrainingRun(
+                name="attention", model=spec, task=ep, train=train, init_key=INIT_KEY, regime="full_batch", Lambda=Lam
+            ),
+            TrainingRun(name="mlp", model=mlp, task=ep, train=train, regime="full_batch"),
+        ]
+    )
+    tr, tr_mlp = attn.trajectory, net.trajectory
+    assert tr is not None and tr_mlp is not None and tr.train_loss is not None and tr_mlp.train_loss is not None
+    return MergedResults(
+        Lambda=Lam,
+        time=tr.time,
+        loss=tr.loss,
+        train_loss=tr.train_loss,
+        mlp_train_loss=tr_mlp.train_loss,
+        v=tr.params["v"],
+        U=tr.params["U"],
+        mlp_W1=tr_mlp.params["W1"],
+    )
+
+
+def merged_drop_time(results: MergedResults, cfg: Setup) -> float:
+    """Time the ATTN_M loss crosses (L(M_0) + L(M_D))/2."""
+    levels = ad.plateau_losses(results.Lambda, 1 / cfg.n)
+    return float(ad.crossing_times(results.time, results.loss, (levels[:1] + levels[-1:]) / 2)[0])
+
+
+def snapshots(results: MergedResults, cfg: Setup) -> tuple[int, int]:
+    """Record indices of the plateau (0.6·t_drop) and of the end."""
+    t_drop = merged_drop_time(results, cfg)
+    t = results.time
+    i_plateau = int(torch.searchsorted(t, torch.tensor(0.6 * finite(t_drop, float(t[-1])), dtype=F64)))
+    return min(i_plateau, t.numel() - 1), t.numel() - 1

@@ -1,0 +1,68 @@
+"""Zhang et al. 2025, Fig. 12 (App. D.8): as Fig. 4 for ranks R = 3, 5, 6, 7: ATTN_S (D = 8, λ_d ∝ 1/d, H = 9) has
+conspicuous plateaus only at L(M_m) with m a multiple of R.
+
+    iclab run zhang2025.fig12 --preset quick
+
+Claims:
+
+- plateau_levels_eq19: max |L − L(M_m)| over the detected plateaus at m ≡ 0 (mod R) <= 5e-3 (quick; 0.01 paper).
+- final_loss_is_L_MD: max over ranks and seeds of |L(end) − L(M_D)| <= 1e-6 (quick; 0.01 paper).
+- all_D_drops: every rank and seed completes the D = 8 drops.
+- conspicuous_plateaus_at_multiples_of_R: no m = 1..D−1 misclassified (median Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12).
+- new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
+
+Time on the 2-core CPU: quick 8-11 s (docs/performance.md, docs/papers/zhang2025.md); paper 20 s (issue 20), where
+1/5 claims pass, as Fig. 4: the last drops never happen within 20 001 steps (issue 20, to be diagnosed).
+
+Did not match: plateau levels within 4.4e-3 only at quick (R = 7 passes M_7 while its 7th pair is still growing); see
+Fig. 4 and docs/papers/zhang2025.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.zhang2025._staircase import (
+    QUICK_D8,
+    SMOKE_STAIRS,
+    SMOKE_UNCHECKED_HEADS,
+    StaircaseD8Config,
+    StaircaseResults,
+    claims_staircase,
+    plot_staircase,
+    run_staircase,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fig12Config(StaircaseD8Config):
+    ranks: tuple[int, ...] = (3, 5, 6, 7)
+
+
+def run(cfg: Fig12Config, ctx: RunContext) -> StaircaseResults:
+    return run_staircase(cfg, ctx)
+
+
+def plot(results: StaircaseResults, cfg: Fig12Config, out: Path) -> list[Path]:
+    return plot_staircase(results, cfg, out, "fig12")
+
+
+def claims(results: StaircaseResults, cfg: Fig12Config) -> list[ClaimResult]:
+    return claims_staircase(results, cfg)
+
+
+FIG12 = register(
+    Experiment(
+        name="zhang2025.fig12",
+        title="Fig. 12: as Fig. 4 for R = 3, 5, 6, 7",
+        config=Fig12Config,
+        presets={"smoke": dict(SMOKE_STAIRS, ranks=(3,)), "quick": dict(QUICK_D8), "paper": dict()},
+        run=run,
+        plot=plot,
+        claims=claims,
+        description="D=8, N=31, H=9, λ_d ∝ 1/d (trace 1); dashed: eq. (19).",
+        smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),
+    )
+)

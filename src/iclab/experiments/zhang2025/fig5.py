@@ -1,0 +1,151 @@
+"""Zhang et al. 2025, Fig. 5 (Sec. 5): with softmax scores the contrast of the linear models remains: softmax ATTN_M
+(merged key-query) has one abrupt drop, softmax ATTN_S (separate rank-one key and query) several.
+
+    iclab run zhang2025.fig5 --preset quick
+
+Claims:
+
+- softmax_merged_one_drop: every seed's softmax ATTN_M training loss drops exactly once.
+- softmax_separate_several_drops: every seed's softmax ATTN_S training loss drops at least twice.
+
+Time on the 2-core CPU: quick 3-20 s (docs/performance.md, docs/papers/zhang2025.md); paper (P = 80 000 softmax
+sequences): stopped after 7 min (issue 20), infeasible on this CPU.
+
+Did not match: quick trains one seed per model on 100 prompts (the softmax layer forms its scores per token); there
+are no theory levels for softmax (docs/papers/zhang2025.md, "What does not match").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from iclab.core.seeding import derive_seed, generator
+from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.zhang2025._setup import F64, Setup, covariance, full_batch, loss_panel, sgd, token_spec
+from iclab.plotting import save, subplots
+from iclab.tasks.linear_regression import LinearRegression
+from iclab.theory import attention_dynamics as ad
+from iclab.training import TrainConfig, TrainingRun
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fig5Config(Setup):
+    """Softmax scores (raw, ρ = 1, softmax over all N+1 tokens), the code's per-entry init std; ``train`` trains
+    ATTN_S, ATTN_M takes ``merged_lr`` and ``merged_steps`` instead of its lr and steps."""
+
+    train_size: int = 5000
+    merged_heads: int = 8
+    merged_init: float = 1e-6
+    merged_lr: float = 1e-3
+    merged_steps: int = 6001
+    init_std: float = 0.01
+    train: TrainConfig = field(default_factory=lambda: sgd(lr=0.02, steps=10_001))
+
+
+@dataclass
+class SoftmaxCurves:
+    steps: Tensor  # (T,) GD steps recorded
+    loss: Tensor  # (S, T) training loss
+
+
+@dataclass
+class Fig5Results:
+    Lambda: Tensor
+    merged: SoftmaxCurves
+    separate: SoftmaxCurves
+
+
+def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
+    Lam = covariance(cfg)
+    task = LinearRegression(d=cfg.d, covariance=Lam)
+    out: dict[str, SoftmaxCurves] = {}
+    for key, H, init, lr, steps in (
+        ("merged", cfg.merged_heads, cfg.merged_init, cfg.merged_lr, cfg.merged_steps),
+        ("separate", cfg.n_heads, cfg.init_std, cfg.train.lr, cfg.train.steps),
+    ):
+        spec = token_spec(cfg.d, H, key_query=key, activation="softmax", init_std=init)
+        train = full_batch(dataclasses.replace(cfg.train, lr=lr, steps=steps), cfg.train_size)
+        runs = [
+            TrainingRun(
+                name=f"{key}-seed{s}",
+                model=spec,
+                task=task.sample(
+                    cfg.train_size, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64
+                ),
+                train=train,
+                seed=s,
+                init_key=("init", key, "softmax"),
+                regime="full_batch",
+            )
+            for s in range(cfg.seeds)
+        ]
+        steps_t, losses = None, []
+        for res in ctx.execute(runs):
+            tr = res.trajectory
+            assert tr is not None and tr.train_loss is not None
+            steps_t, losses = tr.steps, [*losses, tr.train_loss]
+        assert steps_t is not None
+        out[key] = SoftmaxCurves(steps=steps_t, loss=torch.stack(losses))
+    return Fig5Results(Lambda=Lam, merged=out["merged"], separate=out["separate"])
+
+
+def plot(results: Fig5Results, cfg: Fig5Config, out: Path) -> list[Path]:
+    levels = ad.plateau_losses(results.Lambda, 1 / cfg.n)
+    fig, axes = subplots(1, 2)
+    for ax, key, r in ((axes[0, 0], "merged", results.merged), (axes[0, 1], "separate", results.separate)):
+        loss_panel(ax, r.steps, r.loss, None, f"softmax ATTN_{'M' if key == 'merged' else 'S'}", xlabel="GD step")
+        ax.axhline(float(levels[-1]), ls=":", color="gray", label="linear L(M_D)")
+        ax.legend(fontsize=7)
+    return [save(fig, out / "fig5.png")]
+
+
+def claims(results: Fig5Results, cfg: Fig5Config) -> list[ClaimResult]:
+    dm = [ad.count_drops(results.merged.steps, results.merged.loss[s]) for s in range(cfg.seeds)]
+    ds = [ad.count_drops(results.separate.steps, results.separate.loss[s]) for s in range(cfg.seeds)]
+    return [
+        check("softmax_merged_one_drop", max(dm), expected=1, atol=0, detail=f"abrupt drops per seed: {dm}"),
+        check(
+            "softmax_separate_several_drops",
+            min(ds),
+            lo=2,
+            detail=f"abrupt drops per seed: {ds} (no theory levels for softmax)",
+        ),
+    ]
+
+
+FIG5 = register(
+    Experiment(
+        name="zhang2025.fig5",
+        title="Fig. 5: softmax ATTN_M has one abrupt drop, softmax ATTN_S several",
+        config=Fig5Config,
+        presets={
+            "smoke": dict(seeds=1, train_size=20, merged_steps=6, steps=6, eval_every=1),
+            # quick: the softmax layer forms every (n+1)² score: ~0.1 s per step at P=150, so one seed each
+            "quick": dict(
+                seeds=1,
+                train_size=100,
+                merged_init=1e-6,
+                merged_lr=0.2,
+                merged_steps=300,
+                init_std=0.01,
+                lr=0.3,
+                steps=700,
+                eval_every=5,
+            ),
+            "paper": dict(train_size=80_000),
+        },
+        run=run,
+        plot=plot,
+        claims=claims,
+        description="D=4, N=31, λ=(.4,.3,.2,.1); full-token softmax attention (raw scores, query among the keys, no residual) "
+        "with the zero-block init; full-batch GD on the training loss (the code's hyper-parameters: softmax has no 1/N to map).",
+        smoke_unchecked={
+            "softmax_separate_several_drops": "6 GD steps: at most one drop can show; the staircase needs hundreds",
+        },
+    )
+)
