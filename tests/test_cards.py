@@ -43,7 +43,7 @@ TRAINER_FIELDS = {
 
 
 def _module(name: str):
-    return importlib.import_module(EXPERIMENTS[name].run.__module__)
+    return importlib.import_module(EXPERIMENTS[name].module)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -10,6 +10,7 @@ for every experiment), ``quick`` in minutes on a 2-core CPU, ``paper`` with the 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +140,8 @@ class Experiment:
     tags: tuple[str, ...] = field(default_factory=tuple)
     #: claim name -> why it is not judged at ``smoke`` (reported as "not checked", never as passed)
     smoke_unchecked: dict[str, str] = field(default_factory=dict)
+    #: the card's module (set by :func:`register` to the module that registers it)
+    module: str = ""
 
     @property
     def paper(self) -> str:
@@ -149,6 +152,9 @@ _REGISTRY: dict[str, Experiment] = {}
 
 
 def register(exp: Experiment) -> Experiment:
+    """Add ``exp`` to the registry; its card is the module that calls this (``exp.module``)."""
+    if not exp.module:
+        exp = dataclasses.replace(exp, module=sys._getframe(1).f_globals.get("__name__", ""))
     missing = [p for p in PRESETS if p not in exp.presets]
     if missing:
         raise ConfigError(f"Experiment {exp.name!r} must define presets {PRESETS}; missing {missing}")

@@ -22,38 +22,25 @@ only and the level (≤ 0.2) is left to ``paper``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 from iclab.experiments.cheng2024._stationary import (
     QUICK_STAT,
     SMOKE_STAT,
     SMOKE_UNCHECKED,
     StationaryConfig,
-    StationaryResults,
     claims_stationary,
     plot_stationary,
     run_stationary,
 )
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fig3Config(StationaryConfig):
     pairs: tuple[tuple[str, str], ...] = (("exp", "softmax"),)
     values: tuple[str, ...] = ("label", "sparse")  # both panels: A ≡ 0 and A free
-
-
-def run(cfg: Fig3Config, ctx: RunContext) -> StationaryResults:
-    return run_stationary(cfg, ctx)
-
-
-def plot(results: StationaryResults, cfg: Fig3Config, out: Path) -> list[Path]:
-    return plot_stationary(results, cfg, out, "fig3")
-
-
-def claims(results: StationaryResults, cfg: Fig3Config) -> list[ClaimResult]:
-    return claims_stationary(results, cfg)
 
 
 FIG3 = register(
@@ -68,9 +55,9 @@ FIG3 = register(
             "quick": dict(QUICK_STAT, final_dist_max=None),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
-        claims=claims,
+        run=run_stationary,
+        plot=functools.partial(plot_stationary, stem="fig3"),
+        claims=claims_stationary,
         description="log dist(M, I) = log min_α‖M − αI‖_F/‖M‖_F for M = Σ^{1/2}B_ℓᵀC_ℓΣ^{1/2} and A_0, A_1; n = 30 (App. H; Fig. 3's n is not stated).",
         smoke_unchecked=SMOKE_UNCHECKED,
     )

@@ -23,37 +23,24 @@ are far from converged, hence the looser level 0.3.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 from iclab.experiments.cheng2024._stationary import (
     QUICK_STAT,
     SMOKE_STAT,
     SMOKE_UNCHECKED,
     StationaryConfig,
-    StationaryResults,
     claims_stationary,
     plot_stationary,
     run_stationary,
 )
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fig5Config(StationaryConfig):
     values: tuple[str, ...] = ("label",)  # A ≡ 0 (Thm 4.5)
-
-
-def run(cfg: Fig5Config, ctx: RunContext) -> StationaryResults:
-    return run_stationary(cfg, ctx)
-
-
-def plot(results: StationaryResults, cfg: Fig5Config, out: Path) -> list[Path]:
-    return plot_stationary(results, cfg, out, "fig5")
-
-
-def claims(results: StationaryResults, cfg: Fig5Config) -> list[ClaimResult]:
-    return claims_stationary(results, cfg)
 
 
 FIG5 = register(
@@ -68,9 +55,9 @@ FIG5 = register(
             ),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
-        claims=claims,
+        run=run_stationary,
+        plot=functools.partial(plot_stationary, stem="fig5"),
+        claims=claims_stationary,
         description="n = 30, L = 3, A ≡ 0 (App. H.2), h̃ ∈ {linear, relu, softmax} × K ∈ {linear, relu, exp}.",
         smoke_unchecked=SMOKE_UNCHECKED,
     )

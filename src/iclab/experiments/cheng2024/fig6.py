@@ -25,37 +25,24 @@ left to ``paper``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 from iclab.experiments.cheng2024._stationary import (
     QUICK_STAT,
     SMOKE_STAT,
     SMOKE_UNCHECKED,
     StationaryConfig,
-    StationaryResults,
     claims_stationary,
     plot_stationary,
     run_stationary,
 )
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fig6Config(StationaryConfig):
     values: tuple[str, ...] = ("sparse",)  # A free (Thm 4.6)
-
-
-def run(cfg: Fig6Config, ctx: RunContext) -> StationaryResults:
-    return run_stationary(cfg, ctx)
-
-
-def plot(results: StationaryResults, cfg: Fig6Config, out: Path) -> list[Path]:
-    return plot_stationary(results, cfg, out, "fig6")
-
-
-def claims(results: StationaryResults, cfg: Fig6Config) -> list[ClaimResult]:
-    return claims_stationary(results, cfg)
 
 
 FIG6 = register(
@@ -68,9 +55,9 @@ FIG6 = register(
             "quick": dict(QUICK_STAT, pairs=(("relu", "relu"), ("exp", "softmax")), final_dist_max=None),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
-        claims=claims,
+        run=run_stationary,
+        plot=functools.partial(plot_stationary, stem="fig6"),
+        claims=claims_stationary,
         description="n = 30, L = 3, A free (App. H.3); A_2 is left out (it does not affect the loss).",
         smoke_unchecked=SMOKE_UNCHECKED,
     )

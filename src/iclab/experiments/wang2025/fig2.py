@@ -30,22 +30,15 @@ constant lr 0.03 for both models instead of the authors' table (spec §4.0).
 
 from __future__ import annotations
 
-from iclab.experiments.registry import Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 from iclab.experiments.wang2025._setup import QUICK, SMOKE
 from iclab.experiments.wang2025._sweep_L import (
     SMOKE_MATCH,
     SweepLConfig,
-    SweepLResults,
     claims_sweep_L,
     plot_sweep_L,
     run_sweep_L,
 )
-
-
-def run(cfg: SweepLConfig, ctx: RunContext) -> SweepLResults:
-    """GD and the Trained TF with one softmax block at every L of the grid."""
-    return run_sweep_L(cfg, ctx)
-
 
 FIG2 = register(
     Experiment(
@@ -57,7 +50,7 @@ FIG2 = register(
             "quick": dict(**QUICK, L_grid=(512, 4096), match_acc_tol=0.05, match_nll_tol=0.2, data_efficiency_tol=0.03),
             "paper": dict(n_blocks=1, L_grid=(2048, 4096, 8192, 16384, 32768)),
         },
-        run=run,
+        run=run_sweep_L,
         plot=plot_sweep_L,
         claims=claims_sweep_L,
         description="§6.1 data (d=10, C=25, d'=5, N=125, λ=10), softmax attention, 1 block; test accuracy and NLL "

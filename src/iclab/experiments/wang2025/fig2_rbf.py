@@ -28,22 +28,15 @@ model is not converged after 150 updates.
 
 from __future__ import annotations
 
-from iclab.experiments.registry import Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 from iclab.experiments.wang2025._setup import QUICK, SMOKE
 from iclab.experiments.wang2025._sweep_L import (
     SMOKE_MATCH,
     SweepLConfig,
-    SweepLResults,
     claims_sweep_L,
     plot_sweep_L,
     run_sweep_L,
 )
-
-
-def run(cfg: SweepLConfig, ctx: RunContext) -> SweepLResults:
-    """GD and the Trained TF with one RBF block at every L of the grid."""
-    return run_sweep_L(cfg, ctx)
-
 
 FIG2_RBF = register(
     Experiment(
@@ -63,7 +56,7 @@ FIG2_RBF = register(
             # spec §4.0: 1-layer rbf lr 1e-3 for both GD and TF (paper_optimiser)
             "paper": dict(n_blocks=1, kernel="rbf", L_grid=(2048, 4096, 8192, 16384, 32768)),
         },
-        run=run,
+        run=run_sweep_L,
         plot=plot_sweep_L,
         claims=claims_sweep_L,
         description="As Fig. 2 with the RBF kernel exp(−‖W_K e_i − W_Q e_j‖²/2) (÷ N) in the attention block, for GD "

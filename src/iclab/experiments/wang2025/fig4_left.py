@@ -29,22 +29,15 @@ docs/papers/wang2025.md "What fails and why", docs/errata.md seed 004).
 
 from __future__ import annotations
 
-from iclab.experiments.registry import Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 from iclab.experiments.wang2025._setup import QUICK, SMOKE
 from iclab.experiments.wang2025._sweep_L import (
     SMOKE_MATCH,
     SweepLConfig,
-    SweepLResults,
     claims_sweep_L,
     plot_sweep_L,
     run_sweep_L,
 )
-
-
-def run(cfg: SweepLConfig, ctx: RunContext) -> SweepLResults:
-    """GD and the Trained TF with two blocks at every L of the grid."""
-    return run_sweep_L(cfg, ctx)
-
 
 FIG4_LEFT = register(
     Experiment(
@@ -71,7 +64,7 @@ FIG4_LEFT = register(
             },
             "paper": dict(n_blocks=2, gd_acc_expected=0.718, match_acc_tol=0.02, gap_small_L=0.15),
         },
-        run=run,
+        run=run_sweep_L,
         plot=plot_sweep_L,
         claims=claims_sweep_L,
         description="As Fig. 2 with 2 blocks (paper: GD 0.718 → 0.727, TF 0.524 → 0.720 over L = 2048 … 32768).",

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, Experiment, check, register
 from iclab.experiments.zhang2025._merged import PRESETS, MergedResults, MergedSetup, merged_drop_time, run_merged
 from iclab.experiments.zhang2025._setup import finite
 from iclab.plotting import save, subplots
@@ -40,10 +40,6 @@ class Fig1Tolerances:
 @dataclass(frozen=True, kw_only=True)
 class Fig1Config(MergedSetup):
     tol: Fig1Tolerances = field(default_factory=Fig1Tolerances)
-
-
-def run(cfg: Fig1Config, ctx: RunContext) -> MergedResults:
-    return run_merged(cfg, ctx)
 
 
 def plot(results: MergedResults, cfg: Fig1Config, out: Path) -> list[Path]:
@@ -105,7 +101,7 @@ FIG1 = register(
         title="Fig. 1: linear ATTN_M and the 2-layer linear MLP on the cubic feature have identical loss curves",
         config=Fig1Config,
         presets=PRESETS,
-        run=run,
+        run=run_merged,
         plot=plot,
         claims=claims,
         description="D=4, N=31, H=8, λ=(.4,.3,.2,.1), full-batch GD on P sequences; the MLP starts at the ATTN_M weights mapped by eq. (6)-(7).",

@@ -21,16 +21,15 @@ brief in one of six seeds); the claim takes the median over seeds (docs/papers/z
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
     SMOKE_STAIRS,
     SMOKE_UNCHECKED_HEADS,
     StaircaseConfig,
-    StaircaseResults,
     claims_staircase,
     plot_staircase,
     run_staircase,
@@ -40,18 +39,6 @@ from iclab.experiments.zhang2025._staircase import (
 @dataclass(frozen=True, kw_only=True)
 class Fig11Config(StaircaseConfig):
     ranks: tuple[int, ...] = (2, 3, 4)
-
-
-def run(cfg: Fig11Config, ctx: RunContext) -> StaircaseResults:
-    return run_staircase(cfg, ctx)
-
-
-def plot(results: StaircaseResults, cfg: Fig11Config, out: Path) -> list[Path]:
-    return plot_staircase(results, cfg, out, "fig11")
-
-
-def claims(results: StaircaseResults, cfg: Fig11Config) -> list[ClaimResult]:
-    return claims_staircase(results, cfg)
 
 
 FIG11 = register(
@@ -64,9 +51,9 @@ FIG11 = register(
             "quick": dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
-        claims=claims,
+        run=run_staircase,
+        plot=functools.partial(plot_staircase, name="fig11"),
+        claims=claims_staircase,
         description="D=4, N=31, H=5, λ=(.4,.3,.2,.1) (as Fig. 3b); top: loss of six seeds with eq. (19); bottom: |v_i| of seed 0.",
         smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),
     )

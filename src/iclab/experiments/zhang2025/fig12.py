@@ -20,16 +20,15 @@ Fig. 4 and docs/papers/zhang2025.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 from iclab.experiments.zhang2025._staircase import (
     QUICK_D8,
     SMOKE_STAIRS,
     SMOKE_UNCHECKED_HEADS,
     StaircaseD8Config,
-    StaircaseResults,
     claims_staircase,
     plot_staircase,
     run_staircase,
@@ -41,27 +40,15 @@ class Fig12Config(StaircaseD8Config):
     ranks: tuple[int, ...] = (3, 5, 6, 7)
 
 
-def run(cfg: Fig12Config, ctx: RunContext) -> StaircaseResults:
-    return run_staircase(cfg, ctx)
-
-
-def plot(results: StaircaseResults, cfg: Fig12Config, out: Path) -> list[Path]:
-    return plot_staircase(results, cfg, out, "fig12")
-
-
-def claims(results: StaircaseResults, cfg: Fig12Config) -> list[ClaimResult]:
-    return claims_staircase(results, cfg)
-
-
 FIG12 = register(
     Experiment(
         name="zhang2025.fig12",
         title="Fig. 12: as Fig. 4 for R = 3, 5, 6, 7",
         config=Fig12Config,
         presets={"smoke": dict(SMOKE_STAIRS, ranks=(3,)), "quick": dict(QUICK_D8), "paper": dict()},
-        run=run,
-        plot=plot,
-        claims=claims,
+        run=run_staircase,
+        plot=functools.partial(plot_staircase, name="fig12"),
+        claims=claims_staircase,
         description="D=8, N=31, H=9, λ_d ∝ 1/d (trace 1); dashed: eq. (19).",
         smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),
     )

@@ -19,10 +19,10 @@ docs/papers/zhang2025.md.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, Experiment, check, register
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
     SMOKE_STAIRS,
@@ -43,14 +43,6 @@ class Fig13Config(StaircaseConfig):
     claim_rank_rule: bool = False
     claim_heads: bool = False
     claim_all_drops: bool = False
-
-
-def run(cfg: Fig13Config, ctx: RunContext) -> StaircaseResults:
-    return run_staircase(cfg, ctx)
-
-
-def plot(results: StaircaseResults, cfg: Fig13Config, out: Path) -> list[Path]:
-    return plot_staircase(results, cfg, out, "fig13")
 
 
 def claims(results: StaircaseResults, cfg: Fig13Config) -> list[ClaimResult]:
@@ -80,8 +72,8 @@ FIG13 = register(
             "quick": dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
+        run=run_staircase,
+        plot=functools.partial(plot_staircase, name="fig13"),
         claims=claims,
         description="D=4, N=31, H=5, six seeds per rank R = 1..4; dashed: eq. (19).",
         smoke_unchecked={

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, Experiment, check, register
 from iclab.experiments.zhang2025._setup import F64, Curves, Setup, finite, loss_panel
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
@@ -66,10 +66,6 @@ class Fig3Config(StaircaseConfig):
     claim_rank_rule: bool = False
     claim_heads: bool = False
     tol: Fig3Tolerances = field(default_factory=Fig3Tolerances)
-
-
-def run(cfg: Fig3Config, ctx: RunContext) -> StaircaseResults:
-    return run_staircase(cfg, ctx)
 
 
 @dataclass
@@ -235,7 +231,7 @@ FIG3 = register(
             "quick": dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=10),
             "paper": dict(),
         },
-        run=run,
+        run=run_staircase,
         plot=plot,
         claims=claims,
         description="D=4, N=31, H=5, λ=(.4,.3,.2,.1), six seeds. (a) loss with eq. (19); (b) |v_i| of seed 0 with "

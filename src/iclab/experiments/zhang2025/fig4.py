@@ -22,16 +22,15 @@ D = 8 the O(w_init³) gap of the plateau levels needs level_atol 5e-3 at quick's
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import Experiment, register
 from iclab.experiments.zhang2025._staircase import (
     QUICK_D8,
     SMOKE_STAIRS,
     SMOKE_UNCHECKED_HEADS,
     StaircaseD8Config,
-    StaircaseResults,
     claims_staircase,
     plot_staircase,
     run_staircase,
@@ -43,27 +42,15 @@ class Fig4Config(StaircaseD8Config):
     ranks: tuple[int, ...] = (1, 2, 4, 8)
 
 
-def run(cfg: Fig4Config, ctx: RunContext) -> StaircaseResults:
-    return run_staircase(cfg, ctx)
-
-
-def plot(results: StaircaseResults, cfg: Fig4Config, out: Path) -> list[Path]:
-    return plot_staircase(results, cfg, out, "fig4")
-
-
-def claims(results: StaircaseResults, cfg: Fig4Config) -> list[ClaimResult]:
-    return claims_staircase(results, cfg)
-
-
 FIG4 = register(
     Experiment(
         name="zhang2025.fig4",
         title="Fig. 4: rank-R ATTN_S (D=8) has conspicuous plateaus only at L(M_m) with m a multiple of R",
         config=Fig4Config,
         presets={"smoke": dict(SMOKE_STAIRS, ranks=(1, 4)), "quick": dict(QUICK_D8), "paper": dict()},
-        run=run,
-        plot=plot,
-        claims=claims,
+        run=run_staircase,
+        plot=functools.partial(plot_staircase, name="fig4"),
+        claims=claims_staircase,
         description="D=8, N=31, H=9, λ_d ∝ 1/d (trace 1); dashed: eq. (19). Bottom: |v_i| of seed 0. A plateau m is "
         "conspicuous when its duration, in units of 1/λ_{m+1}², is ≥ 12 % of the first one's (median over seeds).",
         smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),

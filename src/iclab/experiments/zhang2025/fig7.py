@@ -19,10 +19,10 @@ Did not match: the paper's D, H and R for this figure are not in the text (D = 8
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, register
+from iclab.experiments.registry import ClaimResult, Experiment, register
 from iclab.experiments.zhang2025._setup import INV_D8, sgd
 from iclab.experiments.zhang2025._two_models import (
     SMOKE_UNCHECKED,
@@ -48,14 +48,6 @@ class Fig7Config(TwoModelConfig):
     merged_steps: int = 3000
 
 
-def run(cfg: Fig7Config, ctx: RunContext) -> TwoModelResults:
-    return run_two_models(cfg, ctx)
-
-
-def plot(results: TwoModelResults, cfg: Fig7Config, out: Path) -> list[Path]:
-    return plot_two_models(results, cfg, out, "fig7")
-
-
 def claims(results: TwoModelResults, cfg: Fig7Config) -> list[ClaimResult]:
     return two_model_claims(results, cfg)[0]
 
@@ -70,8 +62,8 @@ FIG7 = register(
             "quick": dict(train_size=20_000, w_init=0.1, lr=1.0, steps=20_000, eval_every=20),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
+        run=run_two_models,
+        plot=functools.partial(plot_two_models, name="fig7"),
         claims=claims,
         description="D=8 (the paper's D, H, R are not in the text), N=127, λ_d ∝ 1/d (trace 1), full-batch GD on P "
         "sequences; training loss; dashed: eq. (19) at N=127.",

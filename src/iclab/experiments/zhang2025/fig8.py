@@ -20,10 +20,10 @@ Did not match: nothing at quick (levels within 2.0e-3 of eq. 26, ratio 0.007); d
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, Experiment, check, register
 from iclab.experiments.zhang2025._setup import sgd
 from iclab.experiments.zhang2025._two_models import (
     SMOKE_UNCHECKED,
@@ -55,14 +55,6 @@ class Fig8Config(TwoModelConfig):
     tol: Fig8Tolerances = field(default_factory=Fig8Tolerances)
 
 
-def run(cfg: Fig8Config, ctx: RunContext) -> TwoModelResults:
-    return run_two_models(cfg, ctx)
-
-
-def plot(results: TwoModelResults, cfg: Fig8Config, out: Path) -> list[Path]:
-    return plot_two_models(results, cfg, out, "fig8")
-
-
 def claims(results: TwoModelResults, cfg: Fig8Config) -> list[ClaimResult]:
     out, vals, ok = two_model_claims(results, cfg)
     fixed = ad.plateau_losses(results.Lambda, 1 / cfg.n)  # eq. (19), as if N were always N_max
@@ -89,8 +81,8 @@ FIG8 = register(
             "quick": dict(train_size=2000, steps=60_000, eval_every=20),
             "paper": dict(),
         },
-        run=run,
-        plot=plot,
+        run=run_two_models,
+        plot=functools.partial(plot_two_models, name="fig8"),
         claims=claims,
         description="D=4, N_max=31, λ=(.4,.3,.2,.1); full-batch GD on the next-token loss (23) of P sequences (every prefix a "
         "training problem); training loss; dashed: eq. (26).",

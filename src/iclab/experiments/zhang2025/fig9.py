@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, Experiment, check, register
 from iclab.experiments.zhang2025._merged import PRESETS, MergedResults, MergedSetup, run_merged, snapshots
 from iclab.plotting import heatmap, save, subplots
 from iclab.theory import attention_dynamics as ad
@@ -44,10 +44,6 @@ class Fig9Tolerances:
 @dataclass(frozen=True, kw_only=True)
 class Fig9Config(MergedSetup):
     tol: Fig9Tolerances = field(default_factory=Fig9Tolerances)
-
-
-def run(cfg: Fig9Config, ctx: RunContext) -> MergedResults:
-    return run_merged(cfg, ctx)
 
 
 def _top_direction(U: Tensor) -> Tensor:
@@ -128,7 +124,7 @@ FIG9 = register(
         title="Fig. 9: ATTN_M heads are parallel; weights align with E(y_q zᵀ) on the plateau and E(y_q zᵀ)E(zzᵀ)⁻¹ at the end",
         config=Fig9Config,
         presets=PRESETS,
-        run=run,
+        run=run_merged,
         plot=plot,
         claims=claims,
         description="The run of Fig. 1: vec U_i of the 8 heads (rows) and the MLP's W_1 at 0.6·t_drop and at the end, beside the targets.",
