@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.iclab-installed
 PRESET ?= quick
 OUT    ?= runs
 
-.PHONY: install test test-all lint format reproduce bench clean
+.PHONY: install test test-all verify-paper lint format reproduce bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "slow or not slow"
+
+# every paper preset that runs in about two minutes here, claims asserted (tests/test_paper_presets.py)
+verify-paper: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m slow tests/test_paper_presets.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks scripts

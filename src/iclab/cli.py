@@ -1,4 +1,4 @@
-"""The ``iclab`` command line: list, run, reproduce, train, bench."""
+"""The ``iclab`` command line: list, run, reproduce, estimate, train, bench."""
 
 from __future__ import annotations
 
@@ -157,6 +157,48 @@ def reproduce(
     console.print(f"report: {path}  ({ok}/{n} checked claims passed, {len(failures)} experiments failed)")
     if failures or (strict and ok < n):
         raise typer.Exit(1)
+
+
+@app.command()
+def estimate(
+    paper: Annotated[str | None, typer.Argument(help="paper (e.g. zhang2025) or experiment; default: all")] = None,
+    preset: Annotated[str, typer.Option(help="smoke | quick | paper")] = "paper",
+    probe_steps: Annotated[int, typer.Option(help="steps each training run is probed for (and half as many)")] = 50,
+    probe_runs: Annotated[int, typer.Option(help="runs probed in full; later runs train one step")] = 1_000_000,
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
+    as_json: Annotated[bool, typer.Option("--json", help="print the estimates as JSON on stdout")] = False,
+) -> None:
+    """Project each experiment's wall time at PRESET from a short probe of every training run (nothing is kept)."""
+    from iclab.experiments.estimate import estimate_experiment, format_seconds
+    from iclab.experiments.registry import select
+
+    try:
+        exps = select(paper)
+        table = Table(title=f"projected wall time at {preset} on {device} (probe: {probe_steps} steps a run)")
+        for col in ("experiment", "runs", "steps", "probe", "projected", "note"):
+            table.add_column(col)
+        rows = []
+        for exp in exps:
+            with console.status(f"probing {exp.name}"):
+                est = estimate_experiment(
+                    exp.name, preset, probe_steps=probe_steps, probe_runs=probe_runs, device=device
+                )
+            rows.append(est.to_dict())
+            note = "" if est.complete else f"lower bound: {est.error}"
+            table.add_row(
+                exp.name,
+                str(len(est.runs)),
+                str(est.train_steps),
+                format_seconds(est.wall_seconds),
+                format_seconds(est.projected_seconds),
+                note[:80],
+            )
+    except IclabError as e:
+        _fail(e)
+    if as_json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        Console().print(table)
 
 
 @app.command("train")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,25 @@ def check(
     return ClaimResult(name, bool(ok), round(m, 6), ", ".join(parts), detail)
 
 
+@dataclass(frozen=True)
+class RunProbe:
+    """One training run of a cost probe: the probe trained it ``probed_steps`` of its ``steps`` in ``seconds`` and
+    split its cost into a fixed part (model build, data, first and last evaluation) and a cost per step."""
+
+    name: str
+    regime: str
+    steps: int
+    probed_steps: int
+    seconds: float
+    fixed_seconds: float
+    step_seconds: float
+
+    @property
+    def projected_seconds(self) -> float:
+        """The whole run's projected wall time: its fixed cost plus the cost of a step times ``steps``."""
+        return self.fixed_seconds + self.step_seconds * self.steps
+
+
 @dataclass
 class RunContext:
     """What an experiment's ``run`` may use: where to write, which device, a shared progress bar."""
@@ -107,6 +127,11 @@ class RunContext:
     device: torch.device
     preset: str
     progress: Progress | None = None
+    #: cost probe (:func:`iclab.experiments.estimate.estimate_experiment`): every training run stops after at most
+    #: this many steps and its wall time is recorded in ``probes``; None trains in full
+    probe_steps: int | None = None
+    probe_runs: int = 1_000_000  # runs probed in full; later ones train one step (their step cost: the mean so far)
+    probes: list[RunProbe] = field(default_factory=list)
 
     def subdir(self, *parts: object) -> Path:
         p = self.out_dir.joinpath(*map(str, parts))
@@ -120,7 +145,36 @@ class RunContext:
             r if r.out_dir is not None or r.regime != "sampled" else dataclasses.replace(r, out_dir=self.subdir(r.name))
             for r in runs
         ]
-        return execute_all(placed, device=self.device, progress=self.progress)
+        if self.probe_steps is None:
+            return execute_all(placed, device=self.device, progress=self.progress)
+        return [self._probe(r) for r in placed]
+
+    def _probe(self, run: TrainingRun) -> TrainResult:
+        """Train ``run`` for ``probe_steps`` and for half as many (each in its own directory): the difference of the
+        two times is the cost of a step, the rest the fixed cost. Past ``probe_runs`` runs so probed, a run trains
+        one step only and its step cost is the mean of the probed runs' (hundreds of runs are probed in minutes)."""
+        assert self.probe_steps is not None
+        full = min(run.train.steps, self.probe_steps)
+        probed = [p for p in self.probes if p.probed_steps > 1 or p.steps == 1]
+        lengths = (max(1, full // 2), full) if len(probed) < self.probe_runs else (1,)
+        times, result = [], None
+        for steps in lengths:
+            spec = dataclasses.replace(run, train=dataclasses.replace(run.train, steps=steps))
+            if run.regime == "sampled" and run.out_dir is not None:
+                spec = dataclasses.replace(spec, out_dir=self.subdir("probe", steps, run.name))
+            t0 = time.perf_counter()
+            result = execute_all([spec], device=self.device, progress=self.progress)[0]
+            times.append(time.perf_counter() - t0)
+        if len(lengths) == 1:
+            step = sum(p.step_seconds for p in probed) / len(probed)
+        elif lengths[0] == lengths[1]:
+            step = times[1] / lengths[1]
+        else:
+            step = max(times[1] - times[0], 0.0) / (lengths[1] - lengths[0])
+        fixed = max(times[-1] - step * lengths[-1], 0.0)
+        self.probes.append(RunProbe(run.name, run.regime, run.train.steps, lengths[-1], sum(times), fixed, step))
+        assert result is not None
+        return result
 
     def train(self, run: TrainingRun) -> TrainResult:
         """:meth:`execute` for one run."""
@@ -164,7 +218,7 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
-_INFRASTRUCTURE = {"registry", "runner"}
+_INFRASTRUCTURE = {"registry", "runner", "estimate"}
 
 
 def _load_all() -> None:

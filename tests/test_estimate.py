@@ -1,0 +1,85 @@
+"""The cost probe (``iclab estimate``): it trains every run for a few steps, projects the full steps, keeps nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from iclab.cli import app
+from iclab.core.errors import ConfigError
+from iclab.experiments.estimate import estimate_experiment, format_seconds
+from iclab.experiments.registry import RunProbe, get
+from iclab.experiments.runner import resolve_config
+
+
+def test_run_probe_projects_fixed_plus_steps_times_step_cost() -> None:
+    p = RunProbe("r", "sampled", steps=10_000, probed_steps=50, seconds=1.5, fixed_seconds=0.5, step_seconds=0.02)
+    assert p.projected_seconds == pytest.approx(0.5 + 0.02 * 10_000)
+
+
+def test_probe_cuts_every_run_and_projects_its_full_steps(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    est = estimate_experiment("zhang2025.fig3", "quick", probe_steps=8)
+    cfg = resolve_config(get("zhang2025.fig3"), "quick", (), None)
+    assert est.complete and est.error is None
+    # one batched run of all seeds per rank, trained in chunks (it stops early once at the last plateau)
+    assert {r.name.split("-")[0] for r in est.runs} == {f"R{R}" for R in cfg.ranks}
+    assert est.train_steps == cfg.train.steps * len(cfg.ranks)
+    assert all(r.probed_steps == 8 for r in est.runs)
+    assert est.train_steps == sum(r.steps for r in est.runs)
+    # the projection replaces probe seconds by full-run seconds: more steps cost more
+    assert est.projected_seconds > est.wall_seconds
+    assert all(r.fixed_seconds >= 0 and r.step_seconds >= 0 for r in est.runs)
+    assert os.listdir(tmp_path) == []  # nothing kept (no runs/ directory)
+
+
+def test_probe_runs_cap_trains_later_runs_one_step() -> None:
+    est = estimate_experiment("zhang2025.fig3", "quick", probe_steps=6, probe_runs=1)
+    assert len(est.runs) > 1
+    assert est.runs[0].probed_steps == 6
+    assert all(r.probed_steps == 1 for r in est.runs[1:])
+    assert est.runs[1].step_seconds == pytest.approx(est.runs[0].step_seconds)
+
+
+def test_runs_shorter_than_the_probe_run_in_full() -> None:
+    est = estimate_experiment("ahn2023.theorem2", "smoke", probe_steps=100_000)
+    assert all(r.probed_steps == r.steps for r in est.runs)
+
+
+def test_experiment_without_training_is_timed_whole() -> None:
+    est = estimate_experiment("ahn2023.theorem5", "smoke", probe_steps=5)
+    assert est.runs == () and est.projected_seconds == pytest.approx(est.wall_seconds)
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.5])
+def test_bad_probe_steps_refused(bad) -> None:
+    with pytest.raises(ConfigError, match="probe_steps"):
+        estimate_experiment("zhang2025.fig3", "smoke", probe_steps=bad)
+
+
+def test_bad_override_refused_before_work() -> None:
+    with pytest.raises(ConfigError, match=r"train\.lr"):
+        estimate_experiment("zhang2025.fig3", "smoke", overrides=["lr=-1"])
+
+
+def test_cli_estimate_json() -> None:
+    res = CliRunner().invoke(app, ["estimate", "zhang2025.fig1", "--preset", "smoke", "--probe-steps", "4", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout[res.stdout.index("[") :])
+    assert rows[0]["experiment"] == "zhang2025.fig1" and rows[0]["complete"]
+    assert rows[0]["projected_seconds"] >= 0
+
+
+def test_cli_estimate_unknown_experiment() -> None:
+    res = CliRunner().invoke(app, ["estimate", "zhang2025.nope"])
+    assert res.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(3.25, "3.2 s"), (42, "42 s"), (600, "10.0 min"), (7200, "2.0 h"), (4 * 86_400, "4.0 d")]
+)
+def test_format_seconds(seconds, text) -> None:
+    assert format_seconds(seconds) == text
