@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from iclab.core.errors import IclabError
+from iclab.core.errors import IclabError, OutputError
 
 app = typer.Typer(
     add_completion=False,
@@ -48,8 +48,17 @@ def _setup(
     deterministic: Annotated[
         bool, typer.Option(help="PyTorch's deterministic kernels: seeded runs bit-reproducible with several threads")
     ] = True,
+    allow_large: Annotated[
+        bool, typer.Option(help="train batches larger than the memory available is estimated to hold")
+    ] = False,
 ) -> None:
     """In-context learning lab: reproduce papers, train models, benchmark."""
+    import logging
+    import os
+
+    logging.basicConfig(format="warning: %(message)s", level=logging.WARNING)
+    if allow_large:
+        os.environ["ICLAB_ALLOW_LARGE"] = "1"
     if tune_allocator:
         from iclab.core.devices import tune_cpu_allocator
 
@@ -95,6 +104,7 @@ def run(
     out: Annotated[Path, typer.Option(help="output root")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="recompute even if a finished run exists")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
+    wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
 ) -> None:
     """Run one experiment at a preset; write its figures and claims under OUT."""
     from iclab.experiments.runner import run_experiment
@@ -110,6 +120,7 @@ def run(
                 overrides=overrides or [],
                 force=force,
                 progress=bar,
+                wait=wait,
             )
     except IclabError as e:
         _fail(e)
@@ -128,6 +139,7 @@ def reproduce(
     out: Annotated[Path, typer.Option(help="output root")] = Path("runs"),
     force: Annotated[bool, typer.Option(help="recompute finished runs")] = False,
     strict: Annotated[bool, typer.Option(help="exit 1 if any claim fails")] = False,
+    wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
 ) -> None:
     """Run every registered experiment (or one paper's) and write OUT/report.md."""
     from iclab.experiments.registry import select
@@ -142,12 +154,13 @@ def reproduce(
     with _progress() as bar:
         for exp in exps:
             try:
-                res = run_experiment(exp.name, preset, out=out, device=device, force=force, progress=bar)
-            except IclabError:
-                raise
+                res = run_experiment(exp.name, preset, out=out, device=device, force=force, progress=bar, wait=wait)
+            except OutputError as e:  # no experiment can write: stop now, with one line
+                _fail(e)
             except Exception as e:  # one broken experiment must not lose the others' report
                 failures[exp.name] = f"{type(e).__name__}: {e}"
-                console.print(f"[red]{exp.name} failed[/red]\n{traceback.format_exc()}")
+                detail = str(e) if isinstance(e, IclabError) else traceback.format_exc()  # our errors: one line
+                console.print(f"[red]{exp.name} failed[/red]\n{detail}")
                 continue
             results.append(res)
             _print_claims(res)

@@ -16,6 +16,7 @@ default ``TrainConfig``. Every error names the full path from the outermost owne
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import types
@@ -28,6 +29,12 @@ import yaml
 from iclab.core.errors import ConfigError, did_you_mean
 
 T = TypeVar("T")
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` of a config class, once per class (it evaluates every annotation string)."""
+    return typing.get_type_hints(cls)
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
@@ -111,11 +118,11 @@ def _describe(tp: Any) -> str:
 def from_dict(cls: type[T], data: dict[str, Any] | None, *, owner: str | None = None) -> T:
     """Build the dataclass ``cls`` from ``data``, rejecting unknown keys and badly typed values."""
     owner = owner or cls.__name__
-    data = dict(data or {})
-    if not isinstance(data, dict):
+    if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{owner} must be a mapping; got {data!r}")
+    data = dict(data or {})
     fields = _fields(cls)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for key in data:
         if key not in fields:
             names = set(fields) | _nested_names(cls)
@@ -154,7 +161,7 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 def _nested_names(cls: type) -> set[str]:
     """The field names of every config nested in ``cls`` (the shorthands an override may use)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out: set[str] = set()
     for f in _fields(cls).values():
         if dataclasses.is_dataclass(hints[f.name]):
@@ -164,7 +171,7 @@ def _nested_names(cls: type) -> set[str]:
 
 def nested_paths(cls: type, name: str, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     """Every dotted path under the dataclass ``cls`` whose last part is the field ``name``, outermost first."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     found = []
     for f in _fields(cls).values():
         path = (*prefix, f.name)
@@ -228,7 +235,17 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override key must be dotted names like train.lr; got {key!r}")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+    if raw == "":
+        return key.split("."), ""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
+    return key.split("."), value
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    return " ".join(str(getattr(e, "problem", None) or e).split())[:200]
 
 
 def apply_overrides(
@@ -255,7 +272,12 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
-    data = yaml.safe_load(p.read_text()) or {}
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML ({_yaml_problem(e)})") from None
+    if data is None:  # an empty file: every default
+        return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping at the top level; got {type(data).__name__}")
     return data

@@ -20,6 +20,23 @@ class ShapeError(IclabError):
     """A tensor has the wrong shape, dtype or device."""
 
 
+class CorruptFileError(IclabError):
+    """A file on disk is damaged, torn, fails its checksum, or holds something iclab will not unpickle."""
+
+    def __init__(self, path: object, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+class OutputError(IclabError):
+    """The output directory cannot be written (read-only, no permission, disk full)."""
+
+
+class DivergenceError(IclabError, FloatingPointError):
+    """Training produced a non-finite loss or parameter; the message names the step, the parameter and the last finite
+    loss, and the last good checkpoint is kept."""
+
+
 def _owner_name(owner: Any) -> str:
     if isinstance(owner, str):
         return owner

@@ -91,7 +91,14 @@ def estimate_experiment(
     dev = resolve_device(device)
     error = None
     with tempfile.TemporaryDirectory(prefix="iclab-estimate-") as tmp:
-        ctx = RunContext(out_dir=Path(tmp), device=dev, preset=preset, probe_steps=probe_steps, probe_runs=probe_runs)
+        ctx = RunContext(
+            out_dir=Path(tmp),
+            device=dev,
+            preset=preset,
+            experiment=exp.name,
+            probe_steps=probe_steps,
+            probe_runs=probe_runs,
+        )
         t0 = time.perf_counter()
         try:
             results = exp.run(cfg, ctx)

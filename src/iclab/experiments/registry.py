@@ -127,6 +127,7 @@ class RunContext:
     device: torch.device
     preset: str
     progress: Progress | None = None
+    experiment: str = ""  # the experiment's name: errors of its runs are prefixed with it
     #: cost probe (:func:`iclab.experiments.estimate.estimate_experiment`): every training run stops after at most
     #: this many steps and its wall time is recorded in ``probes``; None trains in full
     probe_steps: int | None = None
@@ -145,9 +146,14 @@ class RunContext:
             r if r.out_dir is not None or r.regime != "sampled" else dataclasses.replace(r, out_dir=self.subdir(r.name))
             for r in runs
         ]
-        if self.probe_steps is None:
-            return execute_all(placed, device=self.device, progress=self.progress)
-        return [self._probe(r) for r in placed]
+        try:
+            if self.probe_steps is None:
+                return execute_all(placed, device=self.device, progress=self.progress)
+            return [self._probe(r) for r in placed]
+        except ConfigError as e:  # a run refused (e.g. a batch too large for memory): say whose run it is
+            if not self.experiment:
+                raise
+            raise ConfigError(f"{self.experiment}: {e}") from None
 
     def _probe(self, run: TrainingRun) -> TrainResult:
         """Train ``run`` for ``probe_steps`` and for half as many (each in its own directory): the difference of the

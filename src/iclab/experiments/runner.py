@@ -9,21 +9,37 @@ reused, an interrupted one resumes its training runs from their checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
+import os
+import socket
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
 import torch
 import yaml
 from rich.progress import Progress
 
 from iclab.core.config import apply_overrides, config_hash, from_dict, route_shorthand, to_dict
 from iclab.core.devices import resolve_device
-from iclab.core.errors import ConfigError, did_you_mean
-from iclab.core.io import atomic_torch_save, atomic_write_json, atomic_write_text, read_json
-from iclab.experiments.registry import PRESETS, ClaimResult, Experiment, RunContext, get
+from iclab.core.errors import ConfigError, CorruptFileError, IclabError, OutputError, did_you_mean
+from iclab.core.io import (
+    atomic_torch_save,
+    atomic_write_json,
+    atomic_write_text,
+    quarantine,
+    read_json,
+    safe_torch_load,
+)
+from iclab.experiments.registry import PRESETS, ClaimResult, Experiment, RunContext, all_experiments, get
+
+log = logging.getLogger("iclab")
 
 
 @dataclass
@@ -86,30 +102,62 @@ def run_experiment(
     overrides: list[str] | tuple[str, ...] = (),
     force: bool = False,
     progress: Progress | None = None,
+    wait: bool = True,
 ) -> ExperimentResult:
+    """Run ``name`` at ``preset`` into ``out/<name>/<preset>-<hash>/`` (reuse it when finished, resume it otherwise).
+
+    One process writes a run directory at a time: a second one waits for the lock and then reuses the result, or with
+    ``wait=False`` raises ``RunLockedError`` naming the holder. A damaged ``results.pt`` (torn, failing its checksum,
+    or a pickle asking for code) is moved aside and recomputed; nothing in it is executed.
+    """
     exp = get(name)
     cfg = resolve_config(exp, preset, overrides, seeds)
     dev = resolve_device(device)
     run_dir = Path(out) / exp.name / f"{preset}-{config_hash(cfg)}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(
-        run_dir / "config.yaml",
-        yaml.safe_dump({"experiment": exp.name, "preset": preset, "config": to_dict(cfg)}, sort_keys=False),
-    )
+    config_text = yaml.safe_dump({"experiment": exp.name, "preset": preset, "config": to_dict(cfg)}, sort_keys=False)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run_dir / "config.yaml", config_text)  # also the write probe: fail here, before any work
+    except OSError as e:
+        raise OutputError(f"cannot write the run directory {run_dir} ({e.strerror or e}); choose another --out") from e
+    with run_lock(run_dir, wait=wait):
+        return _run_locked(exp, preset, cfg, dev, run_dir, force, progress)
+
+
+def _run_locked(
+    exp: Experiment,
+    preset: str,
+    cfg: Any,
+    dev: torch.device,
+    run_dir: Path,
+    force: bool,
+    progress: Progress | None,
+) -> ExperimentResult:
     t0 = time.perf_counter()
     results_path = run_dir / "results.pt"
-    reused = results_path.is_file() and not force
-    if reused:
-        results = torch.load(results_path, weights_only=False)
-    else:
-        ctx = RunContext(out_dir=run_dir, device=dev, preset=preset, progress=progress)
+    results, reused = None, False
+    if results_path.is_file() and not force:
+        try:
+            results, reused = safe_torch_load(results_path, allowed=results_types()), True
+        except CorruptFileError as e:
+            dest = quarantine(results_path)
+            log.warning("damaged results %s; moved to %s, recomputing", e, dest.name)
+    if results is None:
+        ctx = RunContext(out_dir=run_dir, device=dev, preset=preset, progress=progress, experiment=exp.name)
         results = exp.run(cfg, ctx)
-        atomic_torch_save(results_path, results)
+        try:
+            atomic_torch_save(results_path, results)
+        except OSError as e:
+            raise OutputError(
+                f"{exp.name}: could not write {results_path} ({e.strerror or e}); the training runs' checkpoints are "
+                "kept: free space and run the same command again"
+            ) from e
     figures = exp.plot(results, cfg, run_dir)
     claims = judge(exp, preset, exp.claims(results, cfg))
     seconds = time.perf_counter() - t0
-    if reused and (run_dir / "summary.json").is_file():
-        seconds = float(read_json(run_dir / "summary.json").get("seconds", seconds))
+    if reused:
+        with contextlib.suppress(CorruptFileError):  # a damaged summary only loses the first run's time
+            seconds = float(read_json(run_dir / "summary.json").get("seconds", seconds))
     atomic_write_json(run_dir / "claims.json", [c.to_dict() for c in claims])
     atomic_write_json(
         run_dir / "summary.json",
@@ -122,3 +170,43 @@ def run_experiment(
         },
     )
     return ExperimentResult(exp, preset, cfg, run_dir, results, claims, figures, seconds, reused)
+
+
+def results_types() -> list[type]:
+    """The classes a ``results.pt`` may hold besides tensors and containers: the plain-data dataclasses defined in the
+    experiment modules (results, rows, configs). Nothing else is unpickled from a run directory."""
+    all_experiments()  # imports every card
+    return [
+        obj
+        for mod_name, mod in list(sys.modules.items())
+        if mod_name.startswith("iclab.experiments.") and mod is not None
+        for obj in vars(mod).values()
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == mod_name
+    ]
+
+
+class RunLockedError(IclabError):
+    """Another process holds the run directory's lock (``wait=False``)."""
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: Path, *, wait: bool = True) -> Iterator[None]:
+    """Hold ``run_dir/.lock`` (one writer per run directory); ``run_dir/lock.json`` says who holds it."""
+    lock = filelock.FileLock(run_dir / ".lock")
+    owner = run_dir / "lock.json"
+    try:
+        lock.acquire(timeout=-1 if wait else 0, poll_interval=0.2)
+    except filelock.Timeout:
+        holder = "another process"
+        with contextlib.suppress(CorruptFileError):
+            info = read_json(owner)
+            holder = f"process {info.get('pid')} on {info.get('host')} (since {info.get('since')})"
+        raise RunLockedError(f"{run_dir} is being written by {holder}; wait for it, or drop --no-wait") from None
+    try:
+        atomic_write_json(
+            owner, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        )
+        yield
+    finally:
+        owner.unlink(missing_ok=True)
+        lock.release()

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
-from iclab.core.io import atomic_torch_save, atomic_write_text
+from iclab.core.io import atomic_torch_save, atomic_write_text, safe_torch_load
 from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
 from iclab.theory.attention_dynamics import population_loss, second_moment_hat
 
@@ -99,7 +99,7 @@ class Trajectory:
         path = Path(path)
         if path.suffix == ".json":
             return cls.from_dict(json.loads(path.read_text()))
-        return cls(**torch.load(path, map_location="cpu", weights_only=False))
+        return cls(**safe_torch_load(path))
 
 
 # --- helpers --------------------------------------------------------------------------------------

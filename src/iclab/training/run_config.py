@@ -67,21 +67,28 @@ class RunConfig:
 
 def parse_run_config(data: dict[str, Any]) -> RunConfig:
     """Validate a YAML dict into a :class:`RunConfig` (unknown keys and names fail here)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a run config must be a mapping of task, model, train, ...; got {type(data).__name__}")
     data = dict(data)
     known = {"task", "model", "train", "seed", "device", "out"}
     for k in data:
         if k not in known:
-            raise ConfigError(f"unknown key {k!r}{did_you_mean(k, known)}")
+            raise ConfigError(f"unknown key {k!r}{did_you_mean(str(k), known)}")
+    for section in ("task", "model"):
+        if not isinstance(data.get(section) or {}, dict):
+            raise ConfigError(f"{section} must be a mapping (e.g. name: ...); got {data[section]!r}")
     task = dict(data.pop("task", {}) or {})
     tname = task.pop("name", "linear_regression")
-    if tname not in TASKS:
-        raise ConfigError(f"task.name must be one of {sorted(TASKS)}; got {tname!r}{did_you_mean(tname, list(TASKS))}")
+    if not isinstance(tname, str) or tname not in TASKS:
+        raise ConfigError(
+            f"task.name must be one of {sorted(TASKS)}; got {tname!r}{did_you_mean(str(tname), list(TASKS))}"
+        )
     task_cfg = from_dict(TASKS[tname], task, owner="task")
     model = dict(data.pop("model", {}) or {})
     mname = model.pop("name", "linear_transformer")
-    if mname not in MODELS:
+    if not isinstance(mname, str) or mname not in MODELS:
         raise ConfigError(
-            f"model.name must be one of {sorted(MODELS)}; got {mname!r}{did_you_mean(mname, list(MODELS))}"
+            f"model.name must be one of {sorted(MODELS)}; got {mname!r}{did_you_mean(str(mname), list(MODELS))}"
         )
     model.setdefault("d", task_cfg.d)
     if model["d"] != task_cfg.d:

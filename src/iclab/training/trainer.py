@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +25,9 @@ from torch import Tensor, nn
 
 from iclab.core.config import to_dict
 from iclab.core.episode import Episode
-from iclab.core.io import atomic_torch_save, atomic_write_text
+from iclab.core.errors import CorruptFileError, DivergenceError, OutputError
+from iclab.core.io import atomic_torch_save, atomic_write_text, quarantine, rotate, safe_torch_load
+from iclab.core.memory import activation_factor, check_fits
 from iclab.core.seeding import derive_seed, generator
 from iclab.training.config import TrainConfig
 from iclab.training.optim import clip_gradients, lr_factor, make_optimizer
@@ -37,7 +40,10 @@ LossFn = Callable[[nn.Module, Episode], Tensor]
 SnapshotFn = Callable[[nn.Module], dict[str, Tensor]]
 
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the last: the fallback when the last is damaged
 METRICS = "metrics.jsonl"
+
+log = logging.getLogger("iclab")
 
 
 def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
@@ -156,6 +162,7 @@ def train(
         raise ValueError(f"{type(model).__name__} has no trainable parameters")
     opt = make_optimizer(params, cfg)
     data = _Data(sample, cfg, device, dtype)
+    _check_memory(data, cfg, device, description, _depth(model))
     test = (test_episode if test_episode is not None else data._draw(cfg.eval_batch, "test")).to(
         device=device, dtype=dtype
     )
@@ -166,16 +173,15 @@ def train(
     snap_steps: list[int] = []
     start, resumed = 0, None
     cfg_dict = to_dict(cfg)
-    if out is not None and (out / CHECKPOINT).is_file():
-        ck = torch.load(out / CHECKPOINT, map_location=device, weights_only=False)
-        if ck.get("config") == cfg_dict:
-            model.load_state_dict(ck["model"])
-            opt.load_state_dict(ck["optimizer"])
-            history, snap_steps, start = ck["history"], ck["snapshot_steps"], ck["step"]
-            snaps = {k: list(v.unbind(0)) for k, v in ck["snapshots"].items()}
-            resumed = start
-            if ck.get("finished"):
-                return TrainResult(model, history, _stack(snaps), snap_steps, resumed, ck.get("seconds", 0.0))
+    ck = _load_checkpoint(out, device) if out is not None else None
+    if ck is not None and ck.get("config") == cfg_dict:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        history, snap_steps, start = ck["history"], ck["snapshot_steps"], ck["step"]
+        snaps = {k: list(v.unbind(0)) for k, v in ck["snapshots"].items()}
+        resumed = start
+        if ck.get("finished"):
+            return TrainResult(model, history, _stack(snaps), snap_steps, resumed, ck.get("seconds", 0.0))
 
     writer = None
     if out is not None and cfg.tensorboard:
@@ -209,8 +215,20 @@ def train(
             "finished": finished,
             "seconds": seconds,
         }
-        atomic_torch_save(out / CHECKPOINT, state)
-        atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+        try:
+            if (out / CHECKPOINT).is_file():
+                rotate(out / CHECKPOINT, out / PREVIOUS)
+            atomic_torch_save(out / CHECKPOINT, state)
+            atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+        except OSError as e:
+            kept = next(
+                (f"{n} (step {_step_of(out / n)})" for n in (CHECKPOINT, PREVIOUS) if (out / n).is_file()), None
+            )
+            raise OutputError(
+                f"{description}: could not write the checkpoint of step {step} in {out} ({e.strerror or e}); "
+                + (f"the last good checkpoint is kept: {kept}; " if kept else "no checkpoint was kept; ")
+                + "free space and run the same command again to resume"
+            ) from e
 
     t0 = time.perf_counter()
     if start == 0:
@@ -259,11 +277,9 @@ def train(
                 row["test_loss"] = evaluate()
             if row is not None:
                 checked = {k: v for k, v in row.items() if not (skipped_now and k == "train_loss")}
-                if not all(math.isfinite(v) for v in checked.values()):  # floats: no float32 overflow at 3.4e38
-                    save(step, False, time.perf_counter() - t0)
-                    raise FloatingPointError(
-                        f"{description}: non-finite loss at step {step}: {row}; lower lr or enable clip"
-                    )
+                bad_param = _first_nonfinite(model)
+                if bad_param is not None or not all(math.isfinite(v) for v in checked.values()):
+                    raise _divergence(description, step, row, bad_param, history, out)
                 history.append(row)
                 if writer is not None:
                     for k, v in row.items():
@@ -285,6 +301,86 @@ def train(
     if writer is not None:
         writer.close()
     return TrainResult(model, history, _stack(snaps), snap_steps, resumed, seconds)
+
+
+def _load_checkpoint(out: Path, device: torch.device) -> dict[str, Any] | None:
+    """The newest checkpoint in ``out`` that verifies: ``checkpoint.pt``, else ``checkpoint.prev.pt``, else None.
+
+    A damaged file (torn, failing its checksum, or a pickle asking for code) is moved aside to ``<name>.corrupt``
+    with one warning line naming it; nothing in it is executed."""
+    for name in (CHECKPOINT, PREVIOUS):
+        path = out / name
+        if not path.is_file():
+            continue
+        try:
+            ck = safe_torch_load(path, map_location=device)
+            if not isinstance(ck, dict) or not {"config", "model", "optimizer", "step"} <= ck.keys():
+                raise CorruptFileError(path, "not an iclab checkpoint")
+            return ck
+        except CorruptFileError as e:
+            dest = quarantine(path)
+            then = "falling back to the previous checkpoint" if name == CHECKPOINT else "restarting this training run"
+            log.warning("damaged checkpoint %s; moved to %s, %s", e, dest.name, then)
+    return None
+
+
+def _step_of(path: Path) -> object:
+    try:
+        return safe_torch_load(path).get("step", "?")
+    except CorruptFileError:
+        return "unreadable"
+
+
+def _first_nonfinite(model: nn.Module) -> str | None:
+    flags = [torch.isfinite(p).all() for p in model.parameters()]
+    if not flags or bool(torch.stack(flags).all()):
+        return None
+    return next(n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all()))
+
+
+def _divergence(
+    description: str,
+    step: int,
+    row: dict[str, float],
+    param: str | None,
+    history: list[dict[str, float]],
+    out: Path | None,
+) -> DivergenceError:
+    last = next((r for r in reversed(history) if math.isfinite(r.get("train_loss", math.nan))), None)
+    where = f"parameter {param!r} became non-finite" if param is not None else "non-finite loss"
+    kept = ""
+    if out is not None and (out / CHECKPOINT).is_file():
+        kept = f"; the last good checkpoint is kept ({out / CHECKPOINT}, step {_step_of(out / CHECKPOINT)})"
+    last_text = (
+        f"last finite train loss {last['train_loss']:.6g} at step {int(last['step'])}" if last else "no finite loss"
+    )
+    return DivergenceError(
+        f"{description}: {where} at step {step} (train loss {row.get('train_loss')}, {last_text}){kept}; "
+        "lower lr or enable clip"
+    )
+
+
+def _depth(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    for name in ("n_layers", "n_blocks", "depth", "L"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 1
+
+
+def _check_memory(data: _Data, cfg: TrainConfig, device: torch.device, description: str, depth: int) -> None:
+    """Refuse a batch that cannot fit (``iclab.core.memory``) before it is allocated: one episode is drawn to
+    measure its bytes."""
+    one = data._draw(1, "memory-probe")
+    per = sum(v.numel() * v.element_size() for v in vars(one).values() if isinstance(v, Tensor))
+    for field_name, n, factor in (
+        ("batch_size", cfg.batch_size, activation_factor(depth)),
+        ("train_size", cfg.train_size or 0, 1),
+        ("eval_batch", cfg.eval_batch, depth + 1),  # no gradients
+    ):
+        what = f" ({n} episodes of {per} B x {factor})" if factor > 1 else f" ({n} episodes of {per} B)"
+        check_fits(f"{description}.train", field_name, n, per * n * factor, device, what)
 
 
 def _finite_gradients(params: list[nn.Parameter]) -> bool:
