@@ -175,6 +175,7 @@ def reproduce(
 @app.command()
 def estimate(
     paper: Annotated[str | None, typer.Argument(help="paper (e.g. zhang2025) or experiment; default: all")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(help="config overrides key=value")] = None,
     preset: Annotated[str, typer.Option(help="smoke | quick | paper")] = "paper",
     probe_steps: Annotated[int, typer.Option(help="steps each training run is probed for (and half as many)")] = 50,
     probe_runs: Annotated[int, typer.Option(help="runs probed in full; later runs train one step")] = 1_000_000,
@@ -194,7 +195,12 @@ def estimate(
         for exp in exps:
             with console.status(f"probing {exp.name}"):
                 est = estimate_experiment(
-                    exp.name, preset, probe_steps=probe_steps, probe_runs=probe_runs, device=device
+                    exp.name,
+                    preset,
+                    probe_steps=probe_steps,
+                    probe_runs=probe_runs,
+                    device=device,
+                    overrides=overrides or [],
                 )
             rows.append(est.to_dict())
             note = "" if est.complete else f"lower bound: {est.error}"

@@ -372,15 +372,16 @@ def _depth(model: nn.Module) -> int:
 def _check_memory(data: _Data, cfg: TrainConfig, device: torch.device, description: str, depth: int) -> None:
     """Refuse a batch that cannot fit (``iclab.core.memory``) before it is allocated: one episode is drawn to
     measure its bytes."""
-    one = data._draw(1, "memory-probe")
-    per = sum(v.numel() * v.element_size() for v in vars(one).values() if isinstance(v, Tensor))
+    one = data._draw(1, "memory-probe")  # a sampler over a fixed set may return more than one episode
+    per = sum(v.numel() * v.element_size() for v in vars(one).values() if isinstance(v, Tensor)) // one.batch_size
+    owner = "train" if description == "train" else f"{description}.train"
     for field_name, n, factor in (
         ("batch_size", cfg.batch_size, activation_factor(depth)),
         ("train_size", cfg.train_size or 0, 1),
         ("eval_batch", cfg.eval_batch, depth + 1),  # no gradients
     ):
         what = f" ({n} episodes of {per} B x {factor})" if factor > 1 else f" ({n} episodes of {per} B)"
-        check_fits(f"{description}.train", field_name, n, per * n * factor, device, what)
+        check_fits(owner, field_name, n, per * n * factor, device, what)
 
 
 def _finite_gradients(params: list[nn.Parameter]) -> bool:

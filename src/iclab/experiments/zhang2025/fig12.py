@@ -11,8 +11,9 @@ Claims:
 - conspicuous_plateaus_at_multiples_of_R: no m = 1..D−1 misclassified (median Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12).
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
-Time on the 2-core CPU: quick 8-11 s (docs/performance.md, docs/papers/zhang2025.md); paper 20 s (issue 20), where
-1/5 claims pass, as Fig. 4: the last drops never happen within 20 001 steps (issue 20, to be diagnosed).
+Time on the 2-core CPU: quick 8-11 s (docs/performance.md, docs/papers/zhang2025.md); paper (120 001 steps, t/τ = 48 000)
+projected 43 min by `iclab estimate`, not yet run. At the earlier 20 001 steps (a reduced budget) 1/5 claims pass, as
+Fig. 4: the last drops have not happened by 8000 τ: diagnosis (a), the preset's budget (docs/papers/zhang2025.md).
 
 Did not match: plateau levels within 4.4e-3 only at quick (R = 7 passes M_7 while its 7th pair is still growing); see
 Fig. 4 and docs/papers/zhang2025.md.
@@ -45,7 +46,12 @@ FIG12 = register(
         name="zhang2025.fig12",
         title="Fig. 12: as Fig. 4 for R = 3, 5, 6, 7",
         config=Fig12Config,
-        presets={"smoke": dict(SMOKE_STAIRS, ranks=(3,)), "quick": dict(QUICK_D8), "paper": dict()},
+        # paper: the slowest last drop (R = 1) comes near 4.5e4 τ; 120 001 steps are 48 000 τ (issue 20)
+        presets={
+            "smoke": dict(SMOKE_STAIRS, ranks=(3,)),
+            "quick": dict(QUICK_D8),
+            "paper": dict(steps=120_001),
+        },
         run=run_staircase,
         plot=functools.partial(plot_staircase, name="fig12"),
         claims=claims_staircase,

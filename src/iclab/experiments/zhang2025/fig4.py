@@ -13,8 +13,10 @@ Claims:
   seeds of Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12.
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
-Time on the 2-core CPU: quick 10-14 s (docs/performance.md, docs/papers/zhang2025.md); paper 20 s (issue 20), where
-1/5 claims pass: the last drops never happen within 20 001 steps (issue 20, to be diagnosed).
+Time on the 2-core CPU: quick 10-14 s (docs/performance.md, docs/papers/zhang2025.md); paper (120 001 steps, t/τ = 48 000)
+projected 45 min-2.3 h by `iclab estimate` (an upper bound: runs stop at the last plateau), not yet run. At the
+earlier 20 001 steps (a reduced budget, 8000 τ) 1/5 claims pass: R = 1 reaches m = 3 of 8; the m-th escape time grows
+as λ_m⁻² (App. E.6), so its last drop needs ≈ 4.5·10⁴ τ: diagnosis (a), the preset's budget (docs/papers/zhang2025.md).
 
 Did not match: "conspicuous" needs a definition (the spec's "≥ 10 % of the longest plateau" fails for R = 1); at
 D = 8 the O(w_init³) gap of the plateau levels needs level_atol 5e-3 at quick's w_init 0.1 (docs/papers/zhang2025.md).
@@ -47,7 +49,12 @@ FIG4 = register(
         name="zhang2025.fig4",
         title="Fig. 4: rank-R ATTN_S (D=8) has conspicuous plateaus only at L(M_m) with m a multiple of R",
         config=Fig4Config,
-        presets={"smoke": dict(SMOKE_STAIRS, ranks=(1, 4)), "quick": dict(QUICK_D8), "paper": dict()},
+        # paper: the slowest last drop (R = 1) comes near 4.5e4 τ; 120 001 steps are 48 000 τ (issue 20)
+        presets={
+            "smoke": dict(SMOKE_STAIRS, ranks=(1, 4)),
+            "quick": dict(QUICK_D8),
+            "paper": dict(steps=120_001),
+        },
         run=run_staircase,
         plot=functools.partial(plot_staircase, name="fig4"),
         claims=claims_staircase,
