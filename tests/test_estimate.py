@@ -41,6 +41,7 @@ def test_probe_runs_cap_trains_later_runs_one_step() -> None:
     assert len(est.runs) > 1
     assert est.runs[0].probed_steps == 6
     assert all(r.probed_steps == 1 for r in est.runs[1:])
+    assert not est.runs[0].borrowed and all(r.borrowed for r in est.runs[1:])
     assert est.runs[1].step_seconds == pytest.approx(est.runs[0].step_seconds)
 
 

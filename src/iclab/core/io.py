@@ -80,11 +80,14 @@ def safe_torch_load(path: str | Path, *, allowed: Iterable[type] = (), map_locat
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CorruptFileError(path, f"refused to unpickle it: {first[:300]}") from e
+        raise CorruptFileError(path, f"refused to unpickle it: {_first_line(e)[:300]}") from e
     except Exception as e:  # torch's zip reader raises RuntimeError on torn or foreign files
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CorruptFileError(path, f"not a readable torch file ({type(e).__name__}: {first[:200]})") from e
+        raise CorruptFileError(path, f"not a readable torch file ({type(e).__name__}: {_first_line(e)[:200]})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def rotate(path: str | Path, to: str | Path) -> None:

@@ -112,6 +112,7 @@ class RunProbe:
     seconds: float
     fixed_seconds: float
     step_seconds: float
+    borrowed: bool = False  # True: trained one step, ``step_seconds`` is the mean of the runs probed before
 
     @property
     def projected_seconds(self) -> float:
@@ -161,8 +162,9 @@ class RunContext:
         one step only and its step cost is the mean of the probed runs' (hundreds of runs are probed in minutes)."""
         assert self.probe_steps is not None
         full = min(run.train.steps, self.probe_steps)
-        probed = [p for p in self.probes if p.probed_steps > 1 or p.steps == 1]
-        lengths = (max(1, full // 2), full) if len(probed) < self.probe_runs else (1,)
+        probed = [p for p in self.probes if not p.borrowed]
+        borrowed = len(probed) >= self.probe_runs
+        lengths = (1,) if borrowed else tuple(sorted({max(1, full // 2), full}))
         times, result = [], None
         for steps in lengths:
             spec = dataclasses.replace(run, train=dataclasses.replace(run.train, steps=steps))
@@ -171,14 +173,16 @@ class RunContext:
             t0 = time.perf_counter()
             result = execute_all([spec], device=self.device, progress=self.progress)[0]
             times.append(time.perf_counter() - t0)
-        if len(lengths) == 1:
+        if borrowed:
             step = sum(p.step_seconds for p in probed) / len(probed)
-        elif lengths[0] == lengths[1]:
-            step = times[1] / lengths[1]
+        elif len(lengths) == 1:  # a one-step run: no fixed cost to split off
+            step = times[0]
         else:
             step = max(times[1] - times[0], 0.0) / (lengths[1] - lengths[0])
         fixed = max(times[-1] - step * lengths[-1], 0.0)
-        self.probes.append(RunProbe(run.name, run.regime, run.train.steps, lengths[-1], sum(times), fixed, step))
+        self.probes.append(
+            RunProbe(run.name, run.regime, run.train.steps, lengths[-1], sum(times), fixed, step, borrowed)
+        )
         assert result is not None
         return result
 

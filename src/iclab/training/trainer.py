@@ -332,10 +332,10 @@ def _step_of(path: Path) -> object:
 
 
 def _first_nonfinite(model: nn.Module) -> str | None:
-    flags = [torch.isfinite(p).all() for p in model.parameters()]
-    if not flags or bool(torch.stack(flags).all()):
+    """The name of the first parameter holding an inf/NaN, or None (one host sync when all are finite)."""
+    if _all_finite(list(model.parameters())):
         return None
-    return next(n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all()))
+    return next(n for n, p in model.named_parameters() if not _all_finite([p]))
 
 
 def _divergence(
@@ -384,9 +384,12 @@ def _check_memory(data: _Data, cfg: TrainConfig, device: torch.device, descripti
         check_fits(owner, field_name, n, per * n * factor, device, what)
 
 
+def _all_finite(tensors: list[Tensor]) -> bool:
+    return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()) if tensors else True
+
+
 def _finite_gradients(params: list[nn.Parameter]) -> bool:
-    grads = [p.grad for p in params if p.grad is not None]
-    return bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()) if grads else True
+    return _all_finite([p.grad for p in params if p.grad is not None])
 
 
 def _stack(snaps: dict[str, list[Tensor]]) -> dict[str, Tensor]:

@@ -46,11 +46,10 @@ FIG12 = register(
         name="zhang2025.fig12",
         title="Fig. 12: as Fig. 4 for R = 3, 5, 6, 7",
         config=Fig12Config,
-        # paper: the slowest last drop (R = 1) comes near 4.5e4 τ; 120 001 steps are 48 000 τ (issue 20)
         presets={
             "smoke": dict(SMOKE_STAIRS, ranks=(3,)),
             "quick": dict(QUICK_D8),
-            "paper": dict(steps=120_001),
+            "paper": dict(),
         },
         run=run_staircase,
         plot=functools.partial(plot_staircase, name="fig12"),
