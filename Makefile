@@ -12,7 +12,7 @@ OUT    ?= runs
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation -e ".[dev]"
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt --no-build-isolation -e ".[dev,ray]"
 	@touch $(STAMP)
 
 install: $(STAMP)

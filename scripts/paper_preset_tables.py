@@ -44,11 +44,38 @@ def table(entries: dict[str, dict], names: list[str]) -> str:
     return "\n".join(head + [_row(n, entries[n]) for n in names])
 
 
-def _replace(path: Path, body: str) -> None:
+PROBE_THREADS = 2  # `iclab estimate` ran with torch's default threads on the 2-core CPU
+
+
+def scaling_table(entries: dict[str, dict]) -> str:
+    """docs/scaling.md: every experiment's paper preset, projected wall and core-hours on this CPU (issue 16)."""
+    head = [
+        "| experiment | training runs | steps in all | projected wall, one process | core-hours | measured at paper |",
+        "|---|---|---|---|---|---|",
+    ]
+    rows, total = [], 0.0
+    for name, e in entries.items():
+        est, run = e.get("estimate"), e.get("run")
+        measured = f"{format_seconds(run['seconds'])}, {run['passed']}/{run['claims']}" if run else "—"
+        if est is None:
+            rows.append(f"| {name} | | | not probed | | {measured} |")
+            continue
+        core_h = est["projected_seconds"] * PROBE_THREADS / 3600
+        total += core_h
+        bound = "" if est.get("complete", True) else " (lower bound)"
+        rows.append(
+            f"| {name} | {est['train_runs']} | {est['train_steps']:,} | {format_seconds(est['projected_seconds'])}{bound}"
+            f" | {core_h:.3g} | {measured} |"
+        )
+    rows.append(f"| **all probed** | | | | **{total:,.0f}** | |")
+    return "\n".join(head + rows)
+
+
+def _replace(path: Path, body: str, begin: str = BEGIN, end: str = END) -> None:
     text = path.read_text()
-    block = f"{BEGIN}\n{body}\n{END}"
-    if BEGIN in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
         text = text.rstrip("\n") + "\n\n## Paper preset (issue 20)\n\n" + block + "\n"
     path.write_text(text)
@@ -74,6 +101,7 @@ def main() -> None:
         f" workers.\n\n{rows}"
     )
     _replace(ROOT / "docs" / "performance.md", perf)
+    _replace(ROOT / "docs" / "scaling.md", scaling_table(entries), "<!-- scaling:begin -->", "<!-- scaling:end -->")
 
 
 if __name__ == "__main__":

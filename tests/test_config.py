@@ -139,3 +139,12 @@ def test_an_ambiguous_or_unknown_shorthand_is_refused() -> None:
     assert apply_overrides({}, ["probe.steps=3"], cls=_TwoTrainers) == {"probe": {"steps": 3}}
     with pytest.raises(ConfigError, match=r"unknown key 'x.lrr'; did you mean 'lr'\?"):
         from_dict(_Card, apply_overrides({}, ["lrr=3"], cls=_Card), owner="x")
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1e-3", 1e-3), ("2E5", 2e5), ("-1.5e+2", -150.0), (".5", 0.5), ("3", 3)])
+def test_overrides_read_exponent_floats_as_numbers(raw: str, value: float) -> None:
+    """YAML 1.1 reads ``1e-3`` as a string; an override ``train.lr=1e-3`` means the number (YAML 1.2)."""
+    from iclab.core.config import parse_override
+
+    key, parsed = parse_override(f"train.lr={raw}")
+    assert key == ["train", "lr"] and parsed == value and type(parsed) is type(value)

@@ -291,3 +291,14 @@ def test_divergence_names_step_parameter_and_last_loss_and_keeps_the_good_checkp
         ck = safe_torch_load(out / "checkpoint.pt")
         assert all(torch.isfinite(v).all() for v in ck["model"].values())
         assert "the last good checkpoint is kept" in msg
+
+
+def test_atomic_writes_are_readable_like_open(tmp_path: Path) -> None:
+    """mkstemp makes 0600 files; an atomically written report or figure is readable as open() would make it."""
+    import os
+
+    from iclab.core.io import FILE_MODE, atomic_write_text
+
+    atomic_write_text(tmp_path / "report.md", "x")
+    assert os.stat(tmp_path / "report.md").st_mode & 0o777 == FILE_MODE
+    assert FILE_MODE & 0o044, "group and others may read (under the usual umask)"

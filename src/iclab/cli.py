@@ -1,4 +1,4 @@
-"""The ``iclab`` command line: list, run, reproduce, estimate, train, bench."""
+"""The ``iclab`` command line: list, run, reproduce, report, estimate, train, sweep, bench."""
 
 from __future__ import annotations
 
@@ -85,6 +85,32 @@ def list_cmd() -> None:
 _STATUS = {"passed": "[green]yes[/green]", "failed": "[red]NO[/red]", "not checked": "[yellow]not checked[/yellow]"}
 
 
+BackendOpt = Annotated[str, typer.Option("--backend", help="local | ray: where independent training runs execute")]
+WorkersOpt = Annotated[int, typer.Option(help="local backend: worker processes (1: this process, as before)")]
+AddressOpt = Annotated[
+    str | None, typer.Option(help="ray: a running cluster's address (auto | HOST:PORT); default: start a local Ray")
+]
+CpusOpt = Annotated[float, typer.Option(help="CPUs (and torch threads) per task")]
+GpusOpt = Annotated[float, typer.Option(help="ray: GPUs per task (its training runs on cuda)")]
+
+
+def _backend(backend: str, workers: int, address: str | None, cpus: float, gpus: float):  # type: ignore[no-untyped-def]
+    """The backend the options name, or None for today's in-process execution (one local worker)."""
+    from iclab.experiments.backends import make_backend
+
+    try:
+        b = make_backend(backend, workers=workers, address=address, cpus_per_task=cpus, gpus_per_task=gpus)
+    except IclabError as e:
+        _fail(e)
+    return None if b.name == "local" and b.parallelism == 1 else b
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def _print_claims(res: object) -> None:
     table = Table(title=f"{res.experiment.name} [{res.preset}] {res.seconds:.1f}s{' (reused)' if res.reused else ''}")  # type: ignore[attr-defined]
     for col in ("claim", "passed", "measured", "expected"):
@@ -105,10 +131,19 @@ def run(
     force: Annotated[bool, typer.Option(help="recompute even if a finished run exists")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
     wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
+    backend: BackendOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    cpus_per_task: CpusOpt = 1,
+    gpus_per_task: GpusOpt = 0,
 ) -> None:
-    """Run one experiment at a preset; write its figures and claims under OUT."""
+    """Run one experiment at a preset; write its figures and claims under OUT.
+
+    With --workers K (or --backend ray) its independent training runs are tasks of a process pool (a Ray cluster);
+    the claims are the same."""
     from iclab.experiments.runner import run_experiment
 
+    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task)
     try:
         with _progress() as bar:
             res = run_experiment(
@@ -121,6 +156,7 @@ def run(
                 force=force,
                 progress=bar,
                 wait=wait,
+                backend=pool,
             )
     except IclabError as e:
         _fail(e)
@@ -140,21 +176,30 @@ def reproduce(
     force: Annotated[bool, typer.Option(help="recompute finished runs")] = False,
     strict: Annotated[bool, typer.Option(help="exit 1 if any claim fails")] = False,
     wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
+    backend: BackendOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    cpus_per_task: CpusOpt = 1,
+    gpus_per_task: GpusOpt = 0,
 ) -> None:
     """Run every registered experiment (or one paper's) and write OUT/report.md."""
     from iclab.experiments.registry import select
     from iclab.experiments.runner import run_experiment
     from iclab.reporting.report import write_report
+    from iclab.reporting.site import write_site
 
     try:
         exps = select(paper)
     except IclabError as e:
         _fail(e)
+    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task)
     results, failures = [], {}
     with _progress() as bar:
         for exp in exps:
             try:
-                res = run_experiment(exp.name, preset, out=out, device=device, force=force, progress=bar, wait=wait)
+                res = run_experiment(
+                    exp.name, preset, out=out, device=device, force=force, progress=bar, wait=wait, backend=pool
+                )
             except OutputError as e:  # no experiment can write: stop now, with one line
                 _fail(e)
             except Exception as e:  # one broken experiment must not lose the others' report
@@ -165,11 +210,52 @@ def reproduce(
             results.append(res)
             _print_claims(res)
     path = write_report(results, out, preset=preset, failures=failures)
+    if results or failures:
+        console.print(f"site: {write_site(out, results=results, failures=failures)}")
     n = sum(c.checked for r in results for c in r.claims)
     ok = sum(c.passed for r in results for c in r.claims if c.checked)
     console.print(f"report: {path}  ({ok}/{n} checked claims passed, {len(failures)} experiments failed)")
     if failures or (strict and ok < n):
         raise typer.Exit(1)
+
+
+@app.command()
+def report(
+    out: Annotated[Path, typer.Option(help="output root holding the run directories")] = Path("runs"),
+    serve: Annotated[
+        bool, typer.Option(help="serve OUT on localhost and print the report's URL, until Ctrl-C")
+    ] = False,
+    port: Annotated[int, typer.Option(help="port for --serve")] = 8000,
+    screenshot: Annotated[bool, typer.Option(help="also save OUT/report/index.png (playwright + chromium)")] = False,
+) -> None:
+    """Write the HTML report OUT/report/ from the newest run directory of every experiment (and OUT/sweeps/)."""
+    import functools
+    import http.server
+
+    from iclab.reporting import site
+
+    try:
+        index = site.write_site(out)
+    except IclabError as e:
+        _fail(e)
+    console.print(f"site: {index}  (open it in a browser; no server needed)")
+    if screenshot:
+        shot = site.screenshot(index.parent)
+        console.print(
+            f"screenshot: {shot}" if shot else "[yellow]no screenshot: playwright or chromium missing[/yellow]"
+        )
+    if serve:  # OUT, not OUT/report: the pages link the figures where the runs wrote them (../<experiment>/...)
+        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
+        try:
+            httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        except OSError as e:
+            _fail(OutputError(f"cannot serve on 127.0.0.1:{port} ({e.strerror or e}); choose another --port"))
+        with httpd:
+            console.print(f"serving http://127.0.0.1:{httpd.server_port}/{site.SITE_DIR}/index.html  (Ctrl-C to stop)")
+            try:
+                httpd.serve_forever()
+            except KeyboardInterrupt:
+                console.print("stopped")
 
 
 @app.command()
@@ -181,16 +267,21 @@ def estimate(
     probe_runs: Annotated[int, typer.Option(help="runs probed in full; later runs train one step")] = 1_000_000,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="print the estimates as JSON on stdout")] = False,
+    per_run: Annotated[bool, typer.Option(help="also print every training run's projection and core-hours")] = False,
 ) -> None:
-    """Project each experiment's wall time at PRESET from a short probe of every training run (nothing is kept)."""
+    """Project each experiment's wall time and core-hours at PRESET from a short probe of every training run (nothing
+    is kept). Core-hours are what --workers or Ray spread; the longest run is the wall time no worker count beats."""
     from iclab.experiments.estimate import estimate_experiment, format_seconds
     from iclab.experiments.registry import select
 
     try:
         exps = select(paper)
         table = Table(title=f"projected wall time at {preset} on {device} (probe: {probe_steps} steps a run)")
-        for col in ("experiment", "runs", "steps", "probe", "projected", "note"):
+        for col in ("experiment", "runs", "steps", "probe", "projected", "core-h", "longest run", "note"):
             table.add_column(col)
+        run_table = Table(title="training runs")
+        for col in ("experiment", "run", "steps", "projected", "core-h"):
+            run_table.add_column(col)
         rows = []
         for exp in exps:
             with console.status(f"probing {exp.name}"):
@@ -210,14 +301,23 @@ def estimate(
                 str(est.train_steps),
                 format_seconds(est.wall_seconds),
                 format_seconds(est.projected_seconds),
+                f"{est.core_hours:.3g}",
+                format_seconds(est.longest_run_seconds),
                 note[:80],
             )
+            for r in est.runs:
+                core_h = r.projected_seconds * est.threads / 3600
+                run_table.add_row(exp.name, r.name, str(r.steps), format_seconds(r.projected_seconds), f"{core_h:.3g}")
     except IclabError as e:
         _fail(e)
     if as_json:
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
     else:
+        if per_run:
+            Console().print(run_table)
         Console().print(table)
+        total = sum(r["core_hours"] for r in rows)
+        console.print(f"total: {total:.3g} core-hours at {torch_threads()} threads a process")
 
 
 @app.command("train")
@@ -235,6 +335,64 @@ def train_cmd(
         _fail(e)
     result, out = run_training(cfg)
     console.print(f"final test loss {result.final_test_loss:.6g} after {cfg.train.steps} steps; run in {out}")
+
+
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="sweep spec YAML (see examples/sweeps/)")],
+    out: Annotated[
+        Path, typer.Option(help="output root: points in OUT/<experiment>/..., the table in OUT/sweeps/")
+    ] = Path("runs"),
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i] (experiment points)")] = "cpu",
+    dry_run: Annotated[bool, typer.Option(help="list the points, their state and projected cost; run nothing")] = False,
+    probe_steps: Annotated[int, typer.Option(help="--dry-run: steps each point's cost probe trains")] = 50,
+    backend: BackendOpt = "local",
+    workers: WorkersOpt = 1,
+    address: AddressOpt = None,
+    cpus_per_task: CpusOpt = 1,
+    gpus_per_task: GpusOpt = 0,
+) -> None:
+    """Run an experiment (or a train config) over grid / zip / list axes and seeds; write OUT/sweeps/NAME/sweep.parquet
+    and one figure per swept key. Finished points are reused; a failing point is reported and the others go on."""
+    from iclab.experiments.estimate import format_seconds
+    from iclab.experiments.sweep import format_failure, load_sweep_spec, run_sweep
+
+    try:
+        parsed = load_sweep_spec(spec)
+    except IclabError as e:
+        _fail(e)
+    if dry_run:
+        from iclab.experiments.estimate import plan_sweep as plan
+
+        table = Table(title=f"sweep {parsed.name}: {len(parsed.points())} points")
+        for col in ("point", "state", "projected", "run directory"):
+            table.add_column(col)
+        try:
+            rows = plan(parsed, out=out, probe_steps=probe_steps)
+        except IclabError as e:
+            _fail(e)
+        for r in rows:
+            table.add_row(r["point"], r["state"], format_seconds(r["projected_seconds"]), r["run_dir"])
+        Console().print(table)
+        console.print(f"projected total: {format_seconds(sum(r['projected_seconds'] for r in rows))} of one worker")
+        return
+    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task)
+    try:
+        with _progress() as bar:
+            task = bar.add_task(f"sweep {parsed.name}", total=len(parsed.points()))
+            result = run_sweep(parsed, out=out, backend=pool, device=device, on_done=lambda _: bar.advance(task))
+    except IclabError as e:
+        _fail(e)
+    points = {p.label: p for p in parsed.points()}
+    for o in result.failures:
+        console.print(f"[red]{format_failure(o, points[o.label])}[/red]")
+    n = len(result.table)
+    console.print(
+        f"sweep {parsed.name}: {n - len(result.failures)}/{n} points ok in {result.seconds:.1f} s; "
+        f"table {result.out_dir / 'sweep.parquet'}, {len(result.figures)} figures"
+    )
+    if result.failures:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -228,6 +229,30 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
+class YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading floats as YAML 1.2 does: ``1e-3`` and ``2E5`` are numbers, not strings (YAML 1.1
+    wants ``1.0e-3``), so ``train.lr=1e-3`` means what a researcher typed."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """``yaml.safe_load`` with :class:`YamlLoader` (YAML 1.2 floats)."""
+    return yaml.load(text, Loader=YamlLoader)
+
+
 def parse_override(item: str) -> tuple[list[str], Any]:
     """``'a.b=3'`` -> (['a', 'b'], 3); the value is parsed as YAML (numbers, lists, true/false, null)."""
     if "=" not in item:
@@ -238,7 +263,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if raw == "":
         return key.split("."), ""
     try:
-        value = yaml.safe_load(raw)
+        value = yaml_load(raw)
     except yaml.YAMLError as e:
         raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
     return key.split("."), value
@@ -273,7 +298,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml_load(p.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML ({_yaml_problem(e)})") from None
     if data is None:  # an empty file: every default

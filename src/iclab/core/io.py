@@ -24,10 +24,20 @@ import torch
 from iclab.core.errors import CorruptFileError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file (mkstemp's own is 0600: a report others cannot read)
+
+
 def _atomic(path: Path, write: Any, mode: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()

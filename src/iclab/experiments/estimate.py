@@ -21,15 +21,21 @@ directory.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from iclab.core.devices import resolve_device
-from iclab.core.errors import ConfigError, require_int
+from iclab.core.errors import ConfigError, CorruptFileError, require_int
+from iclab.core.io import safe_torch_load
 from iclab.experiments.registry import RunContext, RunProbe, get
 from iclab.experiments.runner import resolve_config
+from iclab.experiments.sweep import Point, SweepSpec, resolve_point
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,17 @@ class Estimate:
     wall_seconds: float  # the probe's own wall time
     runs: tuple[RunProbe, ...]
     error: str | None = None  # the experiment's analysis failed on the probe's models after these runs
+    threads: int = 1  # torch threads the probe ran with: a core-hour is an hour of one of them
+
+    @property
+    def core_hours(self) -> float:
+        """Projected core-hours: what a backend spreads over its workers (``--workers``, Ray)."""
+        return self.projected_seconds * self.threads / 3600
+
+    @property
+    def longest_run_seconds(self) -> float:
+        """The longest training run's projection: the wall time no number of workers goes below."""
+        return max((r.projected_seconds for r in self.runs), default=0.0)
 
     @property
     def train_steps(self) -> int:
@@ -66,6 +83,19 @@ class Estimate:
             "train_steps": self.train_steps,
             "complete": self.complete,
             "error": self.error,
+            "threads": self.threads,
+            "core_hours": round(self.core_hours, 4),
+            "longest_run_seconds": round(self.longest_run_seconds, 1),
+            "runs": [
+                {
+                    "name": r.name,
+                    "steps": r.steps,
+                    "projected_seconds": round(r.projected_seconds, 2),
+                    "core_hours": round(r.projected_seconds * self.threads / 3600, 5),
+                    "borrowed": r.borrowed,
+                }
+                for r in self.runs
+            ],
         }
 
 
@@ -111,7 +141,7 @@ def estimate_experiment(
                 exp.plot(results, cfg, Path(tmp))
                 exp.claims(results, cfg)
         wall = time.perf_counter() - t0
-    return Estimate(exp.name, preset, probe_steps, wall, tuple(ctx.probes), error)
+    return Estimate(exp.name, preset, probe_steps, wall, tuple(ctx.probes), error, torch.get_num_threads())
 
 
 def format_seconds(seconds: float) -> str:
@@ -123,3 +153,44 @@ def format_seconds(seconds: float) -> str:
     if seconds < 172_800:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86_400:.1f} d"
+
+
+def plan_sweep(spec: SweepSpec, *, out: str | Path = "runs", probe_steps: int = 50) -> list[dict[str, Any]]:
+    """Each point with its run directory, whether it is ``done``, started (``partial``) or ``new``, and its projected
+    seconds on one worker (a cost probe of ``probe_steps`` and half as many steps, :mod:`iclab.experiments.estimate`;
+    0 when done). Points that differ only in their seed are probed once."""
+    rows, cache = [], {}
+    for p in spec.points():
+        _, rel = resolve_point(p)
+        run_dir = Path(out) / rel if spec.experiment else rel
+        done = (run_dir / "results.pt").is_file() if spec.experiment else _train_done(rel)
+        state = "done" if done else "partial" if run_dir.exists() else "new"
+        key = tuple(sorted((k, str(v)) for k, v in p.values.items()))
+        if not done and key not in cache:
+            cache[key] = _estimate(p, probe_steps)
+        seconds = 0.0 if done else cache[key]
+        rows.append({"point": p.label, "state": state, "projected_seconds": seconds, "run_dir": str(run_dir)})
+    return rows
+
+
+def _estimate(point: Point, probe_steps: int) -> float:
+    spec = point.spec
+    if spec.experiment is not None:
+        est = estimate_experiment(spec.experiment, spec.preset, probe_steps=probe_steps, overrides=point.overrides)
+        return est.projected_seconds
+    from iclab.training.run_config import to_training_run
+
+    cfg, _ = resolve_point(point)
+    with tempfile.TemporaryDirectory(prefix="iclab-estimate-") as tmp:
+        run = dataclasses.replace(to_training_run(cfg), out_dir=Path(tmp) / "run")
+        ctx = RunContext(out_dir=Path(tmp), device=torch.device(cfg.device), preset="train", probe_steps=probe_steps)
+        ctx.execute([run])
+        return ctx.probes[0].projected_seconds
+
+
+def _train_done(run_dir: Path) -> bool:
+    """Whether a train point's checkpoint says it finished (a damaged one counts as not done; the run redoes it)."""
+    with contextlib.suppress(CorruptFileError, OSError):
+        ck = safe_torch_load(run_dir / "checkpoint.pt")
+        return isinstance(ck, dict) and bool(ck.get("finished"))
+    return False

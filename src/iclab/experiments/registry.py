@@ -10,6 +10,7 @@ for every experiment), ``quick`` in minutes on a 2-core CPU, ``paper`` with the 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +22,8 @@ import torch
 from rich.progress import Progress
 
 from iclab.core.errors import ConfigError, did_you_mean
-from iclab.training.run import TrainingRun, execute_all
+from iclab.experiments.backends import Backend, Outcome
+from iclab.training.run import TrainingRun, adopt, check_names, execute_all, execute_on
 from iclab.training.trainer import TrainResult
 
 PRESETS = ("smoke", "quick", "paper")
@@ -122,7 +124,8 @@ class RunProbe:
 
 @dataclass
 class RunContext:
-    """What an experiment's ``run`` may use: where to write, which device, a shared progress bar."""
+    """What an experiment's ``run`` may use: where to write, which device, a shared progress bar, and the backend
+    that decides where its training runs execute (None: in this process, one after another)."""
 
     out_dir: Path
     device: torch.device
@@ -134,6 +137,11 @@ class RunContext:
     probe_steps: int | None = None
     probe_runs: int = 1_000_000  # runs probed in full; later ones train one step (their step cost: the mean so far)
     probes: list[RunProbe] = field(default_factory=list)
+    #: where :meth:`execute` runs a list of two or more training runs (a local process pool or Ray); None or one local
+    #: worker: in this process. A single run always trains here (in place, with the card's stateful callbacks).
+    backend: Backend | None = None
+    #: the device the backend's tasks train on ("cuda" for Ray tasks with GPUs); None: ``device``
+    task_device: str | None = None
 
     def subdir(self, *parts: object) -> Path:
         p = self.out_dir.joinpath(*map(str, parts))
@@ -148,13 +156,40 @@ class RunContext:
             for r in runs
         ]
         try:
-            if self.probe_steps is None:
+            if self.probe_steps is not None:
+                return [self._probe(r) for r in placed]
+            if (
+                self.backend is None
+                or len(placed) < 2
+                or (self.backend.name == "local" and self.backend.parallelism == 1)
+            ):
                 return execute_all(placed, device=self.device, progress=self.progress)
-            return [self._probe(r) for r in placed]
+            return self._fan_out(placed)
         except ConfigError as e:  # a run refused (e.g. a batch too large for memory): say whose run it is
             if not self.experiment:
                 raise
             raise ConfigError(f"{self.experiment}: {e}") from None
+
+    def _fan_out(self, runs: list[TrainingRun]) -> list[TrainResult]:
+        """Run ``runs`` as tasks of :attr:`backend`; the driver's progress bar counts finished runs. A run given an
+        ``nn.Module`` finds it trained in place afterwards, as in this process. The first failed run is raised (with
+        its worker's traceback) once all have finished, so that the others' checkpoints are complete."""
+        assert self.backend is not None
+        check_names(runs)
+        label = self.experiment or "runs"
+        task = None
+        if self.progress is not None:
+            task = self.progress.add_task(f"{label}: {len(runs)} runs on {self.backend.name}", total=len(runs))
+
+        def done(_: Outcome) -> None:
+            if task is not None and self.progress is not None:
+                self.progress.advance(task)
+
+        fn = functools.partial(execute_on, device=self.task_device or str(self.device))
+        outcomes = self.backend.map(fn, runs, labels=[f"{label}/{r.name}" for r in runs], on_done=done)
+        if task is not None and self.progress is not None:
+            self.progress.remove_task(task)
+        return [adopt(run, o.unwrap()) for run, o in zip(runs, outcomes, strict=True)]
 
     def _probe(self, run: TrainingRun) -> TrainResult:
         """Train ``run`` for ``probe_steps`` and for half as many (each in its own directory): the difference of the
@@ -228,7 +263,7 @@ def register(exp: Experiment) -> Experiment:
     return exp
 
 
-_INFRASTRUCTURE = {"registry", "runner", "estimate"}
+_INFRASTRUCTURE = {"registry", "runner", "estimate", "backends", "sweep"}
 
 
 def _load_all() -> None:

@@ -37,6 +37,7 @@ from iclab.core.io import (
     read_json,
     safe_torch_load,
 )
+from iclab.experiments.backends import Backend, RayBackend
 from iclab.experiments.registry import PRESETS, ClaimResult, Experiment, RunContext, all_experiments, get
 
 log = logging.getLogger("iclab")
@@ -103,8 +104,13 @@ def run_experiment(
     force: bool = False,
     progress: Progress | None = None,
     wait: bool = True,
+    backend: Backend | None = None,
 ) -> ExperimentResult:
     """Run ``name`` at ``preset`` into ``out/<name>/<preset>-<hash>/`` (reuse it when finished, resume it otherwise).
+
+    ``backend`` (:mod:`iclab.experiments.backends`): where the experiment's independent training runs execute, as
+    tasks of a local process pool or of Ray; the driver (this process) gathers them, plots and checks the claims. The
+    run directory, the seeds and the numbers are the same whichever backend ran them.
 
     One process writes a run directory at a time: a second one waits for the lock and then reuses the result, or with
     ``wait=False`` raises ``RunLockedError`` naming the holder. A damaged ``results.pt`` (torn, failing its checksum,
@@ -120,8 +126,10 @@ def run_experiment(
         atomic_write_text(run_dir / "config.yaml", config_text)  # also the write probe: fail here, before any work
     except OSError as e:
         raise OutputError(f"cannot write the run directory {run_dir} ({e.strerror or e}); choose another --out") from e
+    if isinstance(backend, RayBackend):
+        backend.check_shared_storage(Path(out))
     with run_lock(run_dir, wait=wait):
-        return _run_locked(exp, preset, cfg, dev, run_dir, force, progress)
+        return _run_locked(exp, preset, cfg, dev, run_dir, force, progress, backend)
 
 
 def _run_locked(
@@ -132,6 +140,7 @@ def _run_locked(
     run_dir: Path,
     force: bool,
     progress: Progress | None,
+    backend: Backend | None = None,
 ) -> ExperimentResult:
     t0 = time.perf_counter()
     results_path = run_dir / "results.pt"
@@ -143,7 +152,16 @@ def _run_locked(
             dest = quarantine(results_path)
             log.warning("damaged results %s; moved to %s, recomputing", e, dest.name)
     if results is None:
-        ctx = RunContext(out_dir=run_dir, device=dev, preset=preset, progress=progress, experiment=exp.name)
+        task_device = "cuda" if isinstance(backend, RayBackend) and backend.gpus_per_task > 0 else None
+        ctx = RunContext(
+            out_dir=run_dir,
+            device=dev,
+            preset=preset,
+            progress=progress,
+            experiment=exp.name,
+            backend=backend,
+            task_device=task_device,
+        )
         results = exp.run(cfg, ctx)
         try:
             atomic_torch_save(results_path, results)

@@ -1,4 +1,9 @@
-"""Figure helpers (matplotlib, Agg): curves with ± std bands, heat maps, atomic PNG saving."""
+"""Figure helpers (matplotlib, Agg): the one figure style, curves with ± std bands, heat maps, atomic saving.
+
+Importing this module applies :data:`STYLE` to matplotlib's ``rcParams``: every card draws in it, none restyles.
+:func:`save` writes each figure twice, ``<stem>.png`` (the report's) and ``<stem>.svg`` beside it (for the HTML
+report and for papers); the SVG is deterministic: same figure, same bytes (fixed hash salt, no date, text as text).
+"""
 
 from __future__ import annotations
 
@@ -15,6 +20,28 @@ import numpy as np
 import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+#: The one figure style: small type for 3.6 x 2.8 inch panels, light grid, no top/right spines, frameless legends.
+STYLE: dict[str, object] = {
+    "font.size": 9,
+    "axes.titlesize": 9,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 7,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "lines.linewidth": 1.5,
+    "figure.facecolor": "white",
+    "savefig.facecolor": "white",
+    "svg.fonttype": "none",  # text stays text: small, searchable SVGs
+    "svg.hashsalt": "iclab",  # fixed element ids: the same figure gives the same SVG bytes
+}
+matplotlib.rcParams.update(STYLE)
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, size: tuple[float, float] = (3.6, 2.8)) -> tuple[Figure, np.ndarray]:
@@ -60,16 +87,37 @@ def heatmap(ax: Axes, m: torch.Tensor | np.ndarray, *, title: str = "", annotate
         ax.set_title(title, fontsize=9)
 
 
-def save(fig: Figure, path: str | Path, *, dpi: int = 130) -> Path:
-    """Write ``fig`` as PNG atomically and close it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".png")
+def _file_mode() -> int:
+    """The mode ``open()`` gives a new file under the current umask (mkstemp's own is 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _atomic_savefig(fig: Figure, path: Path, **kw: object) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.fchmod(fd, _file_mode())
     os.close(fd)
     try:
-        fig.savefig(tmp, dpi=dpi)
+        fig.savefig(tmp, format=path.suffix[1:], **kw)  # type: ignore[arg-type]
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def save(fig: Figure, path: str | Path, *, dpi: int = 130) -> Path:
+    """Write ``fig`` as PNG and, beside it, as SVG (same stem), each atomically; close it; return the PNG's path.
+
+    Image panels (``imshow``) lose the style's grid, which would be drawn over the pixels.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for ax in fig.axes:
+        if ax.images:
+            ax.grid(False)
+    try:
+        _atomic_savefig(fig, path, dpi=dpi)
+        _atomic_savefig(fig, path.with_suffix(".svg"), metadata={"Date": None})
+    finally:
         plt.close(fig)
     return path

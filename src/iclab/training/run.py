@@ -162,15 +162,59 @@ class TrainingRun:
         )
 
 
-def execute_all(
-    runs: Sequence[TrainingRun], *, device: torch.device | str = "cpu", progress: Progress | None = None
-) -> list[TrainResult]:
-    """Execute ``runs`` and return their results in the same order.
-
-    The one place that decides where training runs execute: today in this process, one after another.
-    """
+def check_names(runs: Sequence[TrainingRun]) -> None:
+    """Training runs of one experiment need distinct names (each names its run directory)."""
     names = [r.name for r in runs]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise ConfigError(f"training runs must have distinct names; repeated: {dup}")
+
+
+def execute_all(
+    runs: Sequence[TrainingRun], *, device: torch.device | str = "cpu", progress: Progress | None = None
+) -> list[TrainResult]:
+    """Execute ``runs`` in this process, one after another, and return their results in the same order.
+
+    A backend (``iclab.experiments.backends``: a local process pool, Ray) runs each on a worker with
+    :func:`execute_on` instead; :meth:`iclab.experiments.registry.RunContext.execute` chooses.
+    """
+    check_names(runs)
     return [r.execute(device=device, progress=progress) for r in runs]
+
+
+def execute_on(run: TrainingRun, *, device: str = "cpu") -> TrainResult:
+    """A backend's task: execute ``run`` on ``device`` (resolved on the worker) and return a result whose tensors are
+    on the CPU, so that a driver without that device can read it."""
+    from iclab.core.devices import resolve_device
+
+    dev = resolve_device(device)
+    result = run.execute(device=dev)
+    return _to_cpu(result) if dev.type != "cpu" else result
+
+
+def adopt(run: TrainingRun, result: TrainResult) -> TrainResult:
+    """After a run trained on a worker: a run given an ``nn.Module`` finds that module trained in place, as when it
+    trains in this process (the result's model is the run's own object)."""
+    if isinstance(run.model, nn.Module) and result.model is not run.model:
+        src = next(iter(result.model.state_dict().values()), None)
+        if src is not None and src.is_floating_point():
+            run.model.to(dtype=src.dtype)
+        run.model.load_state_dict(result.model.state_dict())
+        result.model = run.model
+    return result
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.cpu()
+    if isinstance(obj, nn.Module):
+        return obj.cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_to_cpu(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            object.__setattr__(obj, f.name, _to_cpu(getattr(obj, f.name)))
+        return obj
+    return obj

@@ -12,8 +12,8 @@ Claims:
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
 Time on the 2-core CPU: quick 8-11 s (docs/performance.md, docs/papers/zhang2025.md); paper (120 001 steps, t/τ = 48 000)
-projected 43 min by `iclab estimate`, not yet run. At the earlier 20 001 steps (a reduced budget) 1/5 claims pass, as
-Fig. 4: the last drops have not happened by 8000 τ: diagnosis (a), the preset's budget (docs/papers/zhang2025.md).
+168 s, 5/5 (in `make verify-paper`). At the earlier 20 001 steps (8000 τ) 1/5 passed: the last drops had not
+happened, diagnosis (a), the preset's budget, fixed (docs/papers/zhang2025.md).
 
 Did not match: plateau levels within 4.4e-3 only at quick (R = 7 passes M_7 while its 7th pair is still growing); see
 Fig. 4 and docs/papers/zhang2025.md.

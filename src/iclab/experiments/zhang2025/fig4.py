@@ -13,10 +13,11 @@ Claims:
   seeds of Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12.
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
-Time on the 2-core CPU: quick 10-14 s (docs/performance.md, docs/papers/zhang2025.md); paper (120 001 steps, t/τ = 48 000)
-projected 45 min-2.3 h by `iclab estimate` (an upper bound: runs stop at the last plateau), not yet run. At the
-earlier 20 001 steps (a reduced budget, 8000 τ) 1/5 claims pass: R = 1 reaches m = 3 of 8; the m-th escape time grows
-as λ_m⁻² (App. E.6), so its last drop needs ≈ 4.5·10⁴ τ: diagnosis (a), the preset's budget (docs/papers/zhang2025.md).
+Time on the 2-core CPU: quick 10-14 s (docs/performance.md, docs/papers/zhang2025.md); paper (120 001 steps, t/τ =
+48 000) 122 s, 2/5: R = 2, 4, 8 finish all eight drops, R = 1 six (|L(end) − L(M_D)| = 0.059), so final_loss,
+all_D_drops and the rank rule fail on R = 1 alone. The authors' 20 001 epochs are ≈ 7 900 τ in the paper's time, so
+the budget alone does not explain it: open (a run at 360 001 steps, then the init mapping; docs/papers/zhang2025.md).
+Fig. 12's ranks 3, 5, 6, 7 pass 5/5 at the same preset (168 s).
 
 Did not match: "conspicuous" needs a definition (the spec's "≥ 10 % of the longest plateau" fails for R = 1); at
 D = 8 the O(w_init³) gap of the plateau levels needs level_atol 5e-3 at quick's w_init 0.1 (docs/papers/zhang2025.md).

@@ -1,0 +1,157 @@
+"""Backends (issue 16): an experiment's training runs as tasks of a local process pool or of Ray give the same
+numbers as in this process; a task's failure is reported, a killed worker is retried."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from iclab.core.errors import ConfigError
+from iclab.core.io import safe_torch_load
+from iclab.experiments import registry
+from iclab.experiments.backends import LocalBackend, RayBackend, TaskError, local_ray, make_backend
+from iclab.experiments.runner import results_types, run_experiment
+
+# ahn2023.fig1 at smoke with two seeds: two sampled training runs of 20 steps, fanned out
+EXP, OVERRIDES = "ahn2023.fig1", ["seeds=2"]
+
+
+def _claims(res: object) -> list[tuple[str, object, bool]]:
+    return [(c.name, c.measured, c.passed) for c in res.claims]  # type: ignore[attr-defined]
+
+
+def _same(a: object, b: object) -> bool:
+    """Deep equality of results (tensors bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if hasattr(a, "__dataclass_fields__"):
+        return type(a) is type(b) and all(_same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__)
+    return a == b or (a != a and b != b)  # NaN equals NaN here
+
+
+def _results(res: object) -> object:
+    return safe_torch_load(res.out_dir / "results.pt", allowed=results_types())  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return run_experiment(EXP, "smoke", out=tmp_path_factory.mktemp("serial"), overrides=OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def pool():  # type: ignore[no-untyped-def]
+    """Two worker processes shared by this module's tests (each imports torch once)."""
+    backend = LocalBackend(workers=2)
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def ray_session():  # type: ignore[no-untyped-def]
+    ray = pytest.importorskip("ray")
+    # Ray's workers do not see tests/ on their path: this module's task functions travel by value
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    with local_ray(num_cpus=2):
+        yield
+
+
+def _count_fan_outs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    sizes: list[int] = []
+    original = registry.RunContext._fan_out
+
+    def spy(self, runs):  # type: ignore[no-untyped-def]
+        sizes.append(len(runs))
+        return original(self, runs)
+
+    monkeypatch.setattr(registry.RunContext, "_fan_out", spy)
+    return sizes
+
+
+def test_local_pool_gives_identical_results(serial, pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = _count_fan_outs(monkeypatch)
+    pooled = run_experiment(EXP, "smoke", out=tmp_path, overrides=OVERRIDES, backend=pool)
+    assert sizes == [2], "the two training runs went to the pool"
+    assert _claims(pooled) == _claims(serial)
+    assert _same(_results(pooled), _results(serial))
+    assert pooled.out_dir.name == serial.out_dir.name  # same config, same run directory name
+    assert sorted(p.name for p in pooled.out_dir.iterdir() if p.is_dir()) == sorted(
+        p.name for p in serial.out_dir.iterdir() if p.is_dir()
+    ), "each run checkpointed in its own sub-directory, as in this process"
+
+
+def test_ray_gives_identical_results(serial, ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sizes = _count_fan_outs(monkeypatch)
+    on_ray = run_experiment(EXP, "smoke", out=tmp_path, overrides=OVERRIDES, backend=RayBackend())
+    assert sizes == [2]
+    assert _claims(on_ray) == _claims(serial)
+    assert _same(_results(on_ray), _results(serial))
+
+
+def _die_once(marker: str) -> str:
+    """A task whose first attempt kills its own worker process (as the OOM killer would)."""
+    path = Path(marker)
+    if not path.exists():
+        path.write_text("killed once")
+        os._exit(1)
+    return f"{os.getpid()}"
+
+
+def _fail(x: int) -> int:
+    if x == 1:
+        raise ValueError("point 1 is broken")
+    return x * 10
+
+
+def test_local_pool_retries_a_killed_worker(pool, tmp_path: Path) -> None:
+    out = pool.map(_die_once, [str(tmp_path / "m")], labels=["die"])
+    assert out[0].ok and out[0].attempts == 2
+
+
+def test_ray_retries_a_killed_worker(ray_session, tmp_path: Path) -> None:
+    out = RayBackend().map(_die_once, [str(tmp_path / "m")], labels=["die"])
+    assert out[0].ok, out[0].error
+
+
+@pytest.mark.parametrize("which", ["serial", "local", "ray"])
+def test_a_failing_task_does_not_stop_the_others(which: str, request: pytest.FixtureRequest) -> None:
+    backend = {
+        "serial": lambda: LocalBackend(),
+        "local": lambda: request.getfixturevalue("pool"),
+        "ray": lambda: (request.getfixturevalue("ray_session"), RayBackend())[1],
+    }[which]()
+    out = backend.map(_fail, [0, 1, 2], labels=["a", "b", "c"])
+    assert [o.value for o in out] == [0, None, 20]
+    assert out[1].error is not None and "point 1 is broken" in out[1].error and "Traceback" in out[1].error
+    with pytest.raises(TaskError, match="b failed"):
+        out[1].unwrap()
+
+
+def test_a_failing_training_run_names_itself(pool, tmp_path: Path) -> None:
+    """A run that diverges on a worker fails the experiment with the run's name and the worker's traceback."""
+    with pytest.raises(TaskError, match=r"(?s)ahn2023\.fig1/seed\d.*DivergenceError"):
+        run_experiment(
+            EXP,
+            "smoke",
+            out=tmp_path,
+            overrides=[*OVERRIDES, "train.lr=1e12", "train.clip=null"],
+            backend=LocalBackend(workers=2),
+        )
+
+
+def test_backend_options_are_validated() -> None:
+    with pytest.raises(ConfigError, match="--workers must be an int >= 1"):
+        make_backend("local", workers=0)
+    with pytest.raises(ConfigError, match="--backend must be one of"):
+        make_backend("slurm")
+    with pytest.raises(ConfigError, match="Ray options"):
+        make_backend("local", address="auto")
+    with pytest.raises(ConfigError, match="--gpus-per-task must be >= 0"):
+        make_backend("ray", gpus_per_task=-1)
