@@ -95,20 +95,14 @@ GpusOpt = Annotated[float, typer.Option(help="ray: GPUs per task (its training r
 
 
 def _backend(backend: str, workers: int, address: str | None, cpus: float, gpus: float):  # type: ignore[no-untyped-def]
-    """The backend the options name, or None for today's in-process execution (one local worker)."""
+    """The backend the options name (one local worker: in this process, as RunContext and run_sweep decide)."""
     from iclab.experiments.backends import make_backend
 
     try:
         b = make_backend(backend, workers=workers, address=address, cpus_per_task=cpus, gpus_per_task=gpus)
     except IclabError as e:
         _fail(e)
-    return None if b.name == "local" and b.parallelism == 1 else b
-
-
-def torch_threads() -> int:
-    import torch
-
-    return torch.get_num_threads()
+    return b
 
 
 def _print_claims(res: object) -> None:
@@ -317,7 +311,8 @@ def estimate(
             Console().print(run_table)
         Console().print(table)
         total = sum(r["core_hours"] for r in rows)
-        console.print(f"total: {total:.3g} core-hours at {torch_threads()} threads a process")
+        threads = rows[0]["threads"] if rows else 1
+        console.print(f"total: {total:.3g} core-hours at {threads} threads a process")
 
 
 @app.command("train")
