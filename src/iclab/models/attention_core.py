@@ -128,13 +128,18 @@ def shared_right(X: Tensor, W: Tensor) -> Tensor:
     return shared_left(W.transpose(0, 1), X.transpose(0, 1).contiguous()).transpose(0, 1)
 
 
+def is_transformed(*tensors: Tensor) -> bool:
+    """Whether any tensor is wrapped by a torch.func transform (vmap, grad): in-place fused paths cannot run there."""
+    return any(is_functorch_wrapped_tensor(t) for t in tensors)
+
+
 def _bl_matmul(X: Tensor, Y: Tensor) -> Tensor:
     """Σ_j X[:, j] ⊗ Y[j] as j rank-1 updates over contiguous B-vectors: (i, j, B) × (j, k, B) -> (i, k, B).
 
     2.8× faster on a CPU than one broadcast multiply-reduce through an (i, j, k, B) temporary
     (0.63 vs 1.75 ms at 6×6, B = 20 000), and ≈ 7× faster than ``torch.bmm`` on (B, 6, 6) (4.4 ms).
     """
-    if is_functorch_wrapped_tensor(X) or is_functorch_wrapped_tensor(Y):  # vmap has no batched addcmul_
+    if is_transformed(X, Y):  # vmap has no batched addcmul_
         return (X.unsqueeze(2) * Y.unsqueeze(0)).sum(1)
     out = X[:, 0].unsqueeze(1) * Y[0]
     for j in range(1, X.shape[1]):

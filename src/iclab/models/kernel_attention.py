@@ -41,7 +41,8 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
-from iclab.models.attention_core import AttentionStack, attention_update, moment_mix
+from iclab.models._kernel_fast import CHUNK, kernel_stack
+from iclab.models.attention_core import AttentionStack, attention_update, is_transformed, moment_mix
 
 Activation = Literal["linear", "relu", "exp", "softmax"]
 ACTIVATIONS = ("linear", "relu", "exp", "softmax")
@@ -283,6 +284,45 @@ class KernelTransformer(AttentionStack):
             )
             for _ in range(config.n_layers)
         )
+
+    #: use the batch-last fused pass (:mod:`iclab.models._kernel_fast`) where it applies; False: the token pass
+    fast: bool = True
+    #: prompts per block of the fused pass on a CPU (a GPU takes the whole batch at once)
+    fast_chunk: int = CHUNK
+
+    def forward(self, episode: Episode) -> Tensor:
+        """+ŷ (B,). V = [[A, 0], [0, r]] with B, C blocks and non-linear heads run through one fused batch-last
+        pass with a hand-written backward (:func:`~iclab.models._kernel_fast.kernel_stack`: the same numbers, tested
+        to 1e-10 in float64); all-linear heads by the moment form; the rest token by token."""
+        cfg = self.config
+        if (
+            not self.fast
+            or cfg.value == "full"
+            or cfg.qk != "blocks"
+            or self.moment_sources is not None
+            or is_transformed(self.layers[0].B_free, episode.x)
+        ):
+            return super().forward(episode)
+        self._check(episode)
+        x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, T, d)
+        y = nn.functional.pad(episode.y, (0, 1))  # (B, T): the query's label slot is 0
+        z0 = torch.cat([x, y.unsqueeze(-1)], dim=-1)  # (B, T, D)
+        # (L, H, d, d) K = CᵀB (/σ² for exp and softmax heads): scores (C x_j)ᵀ(B x_i) = (Kᵀx_j)ᵀx_i
+        bw = torch.tensor([cfg.sigma**-2 if a in ("exp", "softmax") else 1.0 for a in cfg.activations], dtype=z0.dtype)
+        K = self.BtC.transpose(-1, -2) * bw.to(z0.device)[:, None, None]
+        A = self.A if cfg.value == "sparse" else None
+        label = kernel_stack(
+            z0,
+            K,
+            A,
+            self.r,
+            n=episode.n,
+            activations=cfg.activations,
+            scale=1.0 / episode.n if cfg.divide_by_n else 1.0,
+            logit_cap=cfg.exp_logit_cap,
+            chunk=z0.shape[0] if z0.is_cuda else self.fast_chunk,
+        )
+        return self._read_label(label)
 
     def trace(self, episode: Episode, query_label: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(ŷ (B,), states (L+1, B, n+1, D) = Z_0ᵀ … Z_Lᵀ). ``states[ℓ][:, :, -1]`` is the label row:

@@ -1,0 +1,79 @@
+"""Side-by-side timing against the authors' own code (issue 19).
+
+The authors' repositories are not dependencies of iclab. Their timing harnesses live in
+``../shared/peer-bench`` (``PEER_BENCH``); ``setup.sh`` there unpacks the repositories into ``/tmp/peers``
+(``PEERS``) and builds a separate venv ``/tmp/benv`` (``PEER_PYTHON``) with the same torch wheel. Each harness
+times one training step of a paper configuration and writes JSON.
+
+:func:`side_by_side` alternates the two sides in one run — authors, iclab, authors, iclab, … — so that a
+change of machine load hits both, and reports each side's median and their ratio. When the authors' code
+is not set up, :func:`peer_missing` says why and the benchmark prints that it skipped that column.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_BENCH = Path(os.environ.get("PEER_BENCH", ROOT.parent / "shared" / "peer-bench"))
+PEERS = Path(os.environ.get("PEERS", "/tmp/peers"))
+PEER_PYTHON = Path(os.environ.get("PEER_PYTHON", "/tmp/benv/bin/python"))
+
+
+def peer_missing(repo: str) -> str | None:
+    """None when the authors' ``repo`` (a folder name under ``PEERS``) can be timed, else the reason it cannot."""
+    for path, what in ((PEER_BENCH, "the harnesses"), (PEER_PYTHON, "the peer venv"), (PEERS / repo, repo)):
+        if not path.exists():
+            return f"{what} not found at {path} (see {PEER_BENCH / 'README.md'}: setup.sh)"
+    return None
+
+
+def run_peer(script: str, args: list[str], *, threads: int, timeout: float = 900) -> dict[str, object]:
+    """Run one peer harness (``script`` in ``PEER_BENCH``) in the peer venv; its JSON result."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        cmd = [str(PEER_PYTHON), str(PEER_BENCH / script), "--threads", str(threads), *args, "--out", str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=PEER_BENCH)
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            raise RuntimeError(f"{script} failed (exit {proc.returncode}): " + " | ".join(tail))
+        return json.loads(out.read_text())
+
+
+def side_by_side(
+    ours: Callable[[], float], peer: Callable[[], float] | None, *, rounds: int = 3
+) -> dict[str, object]:
+    """Alternate ``peer()`` and ``ours()`` (each returns ms per step) ``rounds`` times; medians and the ratio.
+
+    ``peer`` None (its code is not set up): only our side is timed, and ``ratio`` is None.
+    """
+    mine: list[float] = []
+    theirs: list[float] = []
+    for _ in range(rounds):
+        if peer is not None:
+            theirs.append(peer())
+        mine.append(ours())
+    out: dict[str, object] = {"iclab_ms": [round(t, 2) for t in mine], "iclab_median_ms": statistics.median(mine)}
+    if theirs:
+        out.update(
+            authors_ms=[round(t, 2) for t in theirs],
+            authors_median_ms=statistics.median(theirs),
+            ratio=statistics.median(theirs) / statistics.median(mine),
+        )
+    else:
+        out["ratio"] = None
+    return out
+
+
+def loadavg() -> str:
+    """The 1/5/15-minute load average: a timing is only worth quoting when the machine was quiet."""
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"

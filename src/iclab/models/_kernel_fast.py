@@ -1,0 +1,257 @@
+"""The fast training path of :class:`~iclab.models.KernelTransformer` (Cheng, Chen, Sra 2024, eq. (2)-(5), (26)).
+
+For V = [[A, 0], [0, r]] (Asm. 4.4; A ≡ 0 for Thm 4.5) and the B, C score blocks (Asm. 2.1), head h of
+layer ℓ sends target token j
+
+    Δz_j = s · Σ_{i≤n} h̃_h(S_ji) [A x_i; r y_i],     S_ji = (C x_j)ᵀ(B x_i)/σ² = g_jᵀ x_i,   g_j = Kᵀ x_j,
+
+with K = CᵀB/σ² (d × d) and s = 1/n with ``divide_by_n``. Every contraction runs over d = 5, D = d + 1 or
+n ≈ 14 entries, so as per-prompt matrix products they are batches of tiny GEMMs, which a CPU BLAS runs
+at a few GFLOP/s. Here the prompt is kept batch-last, z (D, T, B), and each contraction is a handful of
+multiply-adds over contiguous batch vectors ((T, n, b) score blocks, (D, T, b) token blocks), run over
+chunks of ``CHUNK`` prompts so that a layer's blocks stay in cache between the operations that use them.
+
+:class:`_KernelStack` is one autograd node for the whole L-layer pass with a hand-written backward:
+it keeps each layer's tokens (D, T, B) and weights h̃(S) (T, n, B), and nothing else. What the
+backward skips: the gradient of the input prompt (data) and, with A ≡ 0, every covariate gradient
+(the covariate rows never change, so only the label row's adjoint is needed). The last layer updates
+only the query (nothing else is read out), so its score block is (1, n, b).
+
+Exactness: ``tests/test_kernel_fast.py`` checks values and every parameter gradient against the
+token-level evaluation (:meth:`KernelTransformer.forward_tokens`) in float64 to 1e-10, for each h̃ and
+value pattern; docs/performance.md has the timings beside the authors' code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from iclab.core.threads import map_on_threads
+
+CHUNK = 2048  # prompts per block: a (T, n, CHUNK) float32 score block is 1.7 MB at n = 14
+
+
+def _scores(g: Tensor, xs: Tensor) -> Tensor:
+    """S (Tt, n, b) = Σ_a g[a, :, None] x_s[a, None, :] from g (d, Tt, b) and the sources x_s (d, n, b)."""
+    gs, xv = g.unsqueeze(2).unbind(0), xs.unsqueeze(1).unbind(0)  # (Tt, 1, b), (1, n, b) views
+    S = gs[0] * xv[0]
+    for ga, xa in zip(gs[1:], xv[1:], strict=True):
+        S.addcmul_(ga, xa)
+    return S
+
+
+def _weights(act: str, S: Tensor, cap: float | None) -> tuple[Tensor, Tensor | None]:
+    """h̃(S) in place of S, and what its backward needs besides it (the cap's mask for exp)."""
+    if act == "softmax":  # normalised over the n sources (dim 1)
+        S.sub_(S.amax(1, keepdim=True)).exp_()
+        return S.div_(S.sum(1, keepdim=True)), None
+    if act == "exp":
+        mask = None
+        if cap is not None:
+            mask = S.le(cap)
+            S.clamp_(max=cap)
+        return S.exp_(), mask
+    if act == "relu":
+        return S.relu_(), None
+    return S, None  # linear
+
+
+def _weights_backward(act: str, P: Tensor, gP: Tensor, mask: Tensor | None, rowdot: Tensor) -> Tensor:
+    """dS from dh̃(S) = gP (in place of gP). ``rowdot`` (Tt, b) = Σ_i h̃_ji gP_ji (softmax only), which the
+    caller has at mix size: Σ_c gu_cj u_cj."""
+    if act == "softmax":
+        return gP.sub_(rowdot.unsqueeze(1)).mul_(P)
+    if act == "exp":
+        gP.mul_(P)
+        return gP if mask is None else gP.mul_(mask)
+    if act == "relu":
+        return gP.mul_(P > 0)
+    return gP
+
+
+def _mix(P: Tensor, v: Tensor) -> Tensor:
+    """u (c, Tt, b) = Σ_i P[:, i] v[:, i] from weights P (Tt, n, b) and source rows v (c, n, b)."""
+    ps, vs = P.unsqueeze(0).unbind(2), v.unsqueeze(1).unbind(2)  # (1, Tt, b), (c, 1, b) views
+    u = ps[0] * vs[0]
+    for pi, vi in zip(ps[1:], vs[1:], strict=True):
+        u.addcmul_(pi, vi)
+    return u
+
+
+def _mix_t(P: Tensor, gu: Tensor, acc: Tensor) -> None:
+    """acc (c, n, b) += Σ_j P[j] gu[:, j]: the adjoint of :func:`_mix` in v, accumulated in place."""
+    for pj, gj in zip(P.unsqueeze(0).unbind(1), gu.unsqueeze(2).unbind(1), strict=True):  # (1, n, b), (c, 1, b)
+        acc.addcmul_(pj, gj)
+
+
+def _left(M: Tensor, x: Tensor) -> Tensor:
+    """(e, T, b) = M x for a shared (e, d) matrix M and x (d, T, b): one GEMM."""
+    d, T, b = x.shape
+    return (M @ x.reshape(d, T * b)).view(M.shape[0], T, b)
+
+
+def _outer(u: Tensor, v: Tensor) -> Tensor:
+    """(e, c) = Σ_{j, b} u[:, j, b] v[:, j, b]: one GEMM over the flattened (T, b) entries."""
+    return u.reshape(u.shape[0], -1) @ v.reshape(v.shape[0], -1).T
+
+
+class _Stack(torch.autograd.Function):
+    """The autograd node: the forward of every chunk of prompts through all layers (:func:`_forward_chunk`),
+    then the backward chunk by chunk (:func:`_backward_chunk`)."""
+
+    @staticmethod
+    def forward(ctx: Any, z0: Tensor, K: Tensor, A: Tensor, r: Tensor, meta: tuple[Any, ...]) -> Tensor:
+        n, acts, scale, cap, chunk, has_A = meta
+        rs, A_ = r.tolist(), (A if has_A else None)
+
+        def run(s: int) -> tuple[Tensor, list[Tensor], Any, Any]:
+            z = z0[s : s + chunk].permute(2, 1, 0).contiguous()  # (D, T, b)
+            return _forward_chunk(z, K, A_, rs, n, acts, scale, cap)
+
+        done = map_on_threads(run, range(0, z0.shape[0], chunk), z0.is_cuda)
+        ctx.meta, ctx.chunks = meta, [c[1:] for c in done]
+        ctx.save_for_backward(K, A, r)
+        return torch.cat([c[0] for c in done])
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        K, A, r = ctx.saved_tensors
+        n, acts, scale, _cap, chunk, has_A = ctx.meta
+        A_ = A if has_A else None
+        rs = r.tolist()
+
+        def run(c: int) -> tuple[Tensor, Tensor | None, Tensor]:
+            grads = torch.zeros_like(K), torch.zeros_like(A) if has_A else None, torch.zeros_like(r)
+            states, weights, masks = ctx.chunks[c]
+            g = grad[c * chunk : (c + 1) * chunk]
+            _backward_chunk(g, states, weights, masks, K, A_, rs, n, acts, scale, grads)
+            return grads
+
+        parts = map_on_threads(run, range(len(ctx.chunks)), grad.is_cuda)
+        ctx.chunks = None
+        gK = torch.stack([p[0] for p in parts]).sum(0)
+        gA = torch.stack([p[1] for p in parts]).sum(0) if has_A else None  # type: ignore[misc]
+        gr = torch.stack([p[2] for p in parts]).sum(0)
+        return None, gK, gA, gr, None
+
+
+def _forward_chunk(
+    z: Tensor,
+    K: Tensor,
+    A: Tensor | None,
+    rs: list[list[float]],
+    n: int,
+    acts: tuple[str, ...],
+    scale: float,
+    cap: float | None,
+) -> tuple[Tensor, list[Tensor], list[list[tuple[Tensor, Tensor]]], list[list[Tensor | None]]]:
+    """One chunk z_0 (D, T, b) through every layer: (query label of z_L (b,), states z_0 … z_{L−1}, per layer and
+    head the weights h̃(S) (Tt, n, b) and their mix u = Σ_i h̃_ji v_i, exp-cap masks). The last layer updates the query only (Tt = 1)."""
+    L = K.shape[0]
+    D, T, _ = z.shape
+    d = D - 1
+    states, weights, masks = [], [], []
+    for layer in range(L):
+        Tt = 1 if layer == L - 1 else T
+        src, tgt = z[:, :n], z[:, T - Tt :]
+        znew = tgt.clone()
+        Ps, Ms = [], []
+        for h, act in enumerate(acts):
+            P, mask = _weights(act, _scores(_left(K[layer, h].T, tgt[:d]), src[:d]), cap)
+            if A is None:  # only the label row moves
+                u = (P * src[d]).sum(1)  # (Tt, b): Σ_i h̃_ji y_i
+                znew[d].add_(u, alpha=scale * rs[layer][h])
+            else:
+                u = _mix(P, src)  # (D, Tt, b): Σ_i h̃_ji [x_i; y_i]
+                znew[:d].add_(_left(A[layer, h], u[:d]), alpha=scale)
+                znew[d].add_(u[d], alpha=scale * rs[layer][h])
+            Ps.append((P, u))
+            Ms.append(mask)
+        states.append(z)
+        weights.append(Ps)
+        masks.append(Ms)
+        z = znew
+    return z[d, 0], states, weights, masks
+
+
+def _backward_chunk(
+    grad: Tensor,
+    states: list[Tensor],
+    weights: list[list[tuple[Tensor, Tensor]]],
+    masks: list[list[Tensor | None]],
+    K: Tensor,
+    A: Tensor | None,
+    rs: list[list[float]],
+    n: int,
+    acts: tuple[str, ...],
+    scale: float,
+    grads: tuple[Tensor, Tensor | None, Tensor],
+) -> None:
+    """Add one chunk's gradients of Σ_b grad_b · z_L[label, query, b] to ``grads`` = (dK, dA, dr) in place."""
+    gK, gA, gr = grads
+    L = K.shape[0]
+    D, T, b = states[0].shape
+    d = D - 1
+    gz = grad.new_zeros(D, 1, b)  # adjoint of z_{ℓ+1}: only the query's label is read after the last layer
+    gz[d, 0] = grad
+    for layer in reversed(range(L)):
+        z = states[layer]
+        Tt = gz.shape[1]
+        src, tgt = z[:, :n], z[:, T - Tt :]
+        gin = None
+        if layer > 0:  # z_0 is data: it needs no adjoint
+            gin = grad.new_zeros(D, T, b)
+            gin[:, T - Tt :] = gz  # the residual
+        for h, act in enumerate(acts):
+            (P, u), mask = weights[layer][h], masks[layer][h]
+            k_lh, r_lh = K[layer, h], rs[layer][h]
+            if A is None:  # Δy_j = s r Σ_i h̃_ji y_i
+                gw = gz[d] * (scale * r_lh)  # (Tt, b)
+                gr[layer, h] += scale * torch.dot(gz[d].flatten(), u.flatten())
+                gP = gw.unsqueeze(1) * src[d]  # (Tt, n, b)
+                rowdot = gw * u
+                if gin is not None:
+                    gin[d, :n] += (P * gw.unsqueeze(1)).sum(0)
+            else:
+                gA[layer, h] += scale * _outer(gz[:d], u[:d])  # type: ignore[index]
+                gr[layer, h] += scale * torch.dot(gz[d].flatten(), u[d].flatten())
+                gu = torch.empty_like(u)
+                gu[:d] = _left(A[layer, h].T * scale, gz[:d])
+                torch.mul(gz[d], scale * r_lh, out=gu[d])
+                gP = _scores(gu, src)  # (Tt, n, b) = Σ_c gu[c, j] v[c, i]: the adjoint of _mix in P
+                rowdot = (gu * u).sum(0)
+                if gin is not None:
+                    _mix_t(P, gu, gin[:, :n])
+            gS = _weights_backward(act, P, gP, mask, rowdot)
+            gg = _mix(gS, src[:d])  # (d, Tt, b): Σ_i dS_ji x_i
+            gK[layer, h] += _outer(tgt[:d], gg)
+            if gin is not None and A is not None:  # covariate adjoints (A ≡ 0: covariates are data)
+                _mix_t(gS, _left(k_lh.T, tgt[:d]), gin[:d, :n])
+                gin[:d, T - Tt :] += _left(k_lh, gg)
+        if gin is not None:
+            gz = gin
+
+
+def kernel_stack(
+    z0: Tensor,
+    K: Tensor,
+    A: Tensor | None,
+    r: Tensor,
+    *,
+    n: int,
+    activations: tuple[str, ...],
+    scale: float,
+    logit_cap: float | None,
+    chunk: int = CHUNK,
+) -> Tensor:
+    """The query's label slot of z_L, (B,), from the prompt z_0 (B, n+1, D).
+
+    ``K`` (L, H, d, d) = C_ℓ,hᵀ B_ℓ,h / σ², ``A`` (L, H, d, d) or None for A ≡ 0, ``r`` (L, H); ``scale`` the
+    1/n factor (or 1); ``logit_cap`` the exp heads' cap (exp(min(S, cap))). Differentiable in K, A and r.
+    """
+    meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None)
+    A_arg = A if A is not None else K.new_zeros(0)
+    return _Stack.apply(z0, K, A_arg, r, meta)

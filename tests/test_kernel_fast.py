@@ -1,0 +1,105 @@
+"""The fused batch-last pass of KernelTransformer (iclab.models._kernel_fast) against the token-level evaluation.
+
+Cheng, Chen, Sra 2024 eq. (2)-(5), (26): for every h̃, both value patterns of the experiments (V = [[A, 0], [0, r]]
+with A free, Asm. 4.4, and A ≡ 0, Thm 4.5), 1 and 3 layers, several heads, σ ≠ 1, the 1/n factor and the exp cap:
+the prediction and every parameter gradient agree with :meth:`KernelTransformer.forward_tokens` to 1e-10
+relative in float64, over several chunks with a ragged last one. Also: the same bits on 1 and 2 threads, the
+token path where the fused one does not apply, and the fallback under torch.func.vmap.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from iclab.core.seeding import generator
+from iclab.models import KernelTransformer, KernelTransformerConfig, _kernel_fast
+from iclab.tasks.gaussian_process import GaussianProcess
+
+CASES = [("softmax",), ("exp",), ("relu",), ("linear", "relu"), ("softmax", "exp")]
+
+
+def _episode(batch: int = 53, n: int = 6, seed: int = 2):
+    task = GaussianProcess.random_rotation(generator=generator(0), kernel="exp")
+    return task.sample(batch, n, generator=generator(seed), dtype=torch.float64)
+
+
+def _model(acts, value, L, seed=1, **kw) -> KernelTransformer:
+    cfg = KernelTransformerConfig(d=5, n_layers=L, activations=acts, value=value, init_std=0.4, **kw)
+    return KernelTransformer(cfg, generator=generator(seed)).double()
+
+
+def _value_and_grads(model, episode, fast: bool):
+    model.fast = fast
+    model.zero_grad()
+    yhat = model(episode) if fast else model.forward_tokens(episode)
+    (yhat.sin() * torch.linspace(0.5, 1.5, len(yhat), dtype=yhat.dtype)).sum().backward()
+    return yhat.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("acts", CASES, ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("value", ["sparse", "label"])
+@pytest.mark.parametrize("L", [1, 3])
+@pytest.mark.parametrize("seed", [1, 7])
+def test_fused_pass_equals_token_pass_values_and_gradients(acts, value, L, seed):
+    model = _model(acts, value, L, seed=seed, sigma=1.3, divide_by_n=seed == 1, exp_logit_cap=1.5)
+    model.fast_chunk = 16  # 53 prompts: four blocks, the last ragged
+    ep = _episode(seed=seed + 1)
+    y_fast, g_fast = _value_and_grads(model, ep, True)
+    y_tok, g_tok = _value_and_grads(model, ep, False)
+    assert _rel(y_fast, y_tok) < 1e-10
+    assert g_fast.keys() == g_tok.keys()
+    for name in g_tok:
+        assert _rel(g_fast[name], g_tok[name]) < 1e-10, name
+
+
+def test_exp_cap_is_active_in_the_exactness_cases():
+    """The cap case above is not vacuous: some exp scores of that model exceed the cap of 1.5."""
+    model = _model(("exp",), "sparse", 3, sigma=1.3, exp_logit_cap=1.5)
+    with torch.no_grad():
+        _, states = model.trace(_episode())
+        x = states[:-1, :, :, :-1]  # (L, B, T, d): each layer's input covariates
+        S = torch.einsum("lbjc,lhca,lbia->lhbji", x, model.BtC.transpose(-1, -2), x) / 1.3**2
+    assert float(S.max()) > 1.5
+
+
+def test_same_bits_on_one_and_two_threads():
+    model = _model(("softmax",), "sparse", 3)
+    model.fast_chunk = 8
+    ep = _episode(batch=40)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        y1, g1 = _value_and_grads(model, ep, True)
+        torch.set_num_threads(2)
+        y2, g2 = _value_and_grads(model, ep, True)
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(y1, y2)
+    assert all(torch.equal(g1[k], g2[k]) for k in g1)
+
+
+def test_fused_pass_is_taken_only_where_it_applies(monkeypatch):
+    calls = []
+    real = _kernel_fast.kernel_stack
+    monkeypatch.setattr("iclab.models.kernel_attention.kernel_stack", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ep = _episode(batch=8)
+    _model(("softmax",), "sparse", 2)(ep)
+    assert calls == [1]
+    for kw in (dict(value="full"), dict(qk="full"), dict(activations=("linear",))):  # token pass / moment form
+        cfg = dict(d=5, n_layers=2, activations=("softmax",), value="sparse") | kw
+        KernelTransformer(KernelTransformerConfig(**cfg), generator=generator(1)).double()(ep)
+    assert calls == [1]
+
+
+def test_vmap_falls_back_to_the_token_pass():
+    model = _model(("softmax",), "sparse", 2)
+    ep = _episode(batch=6)
+    params = {k: torch.stack([p.detach(), 2 * p.detach()]) for k, p in model.named_parameters()}
+    out = torch.func.vmap(lambda p: torch.func.functional_call(model, p, (ep,)))(params)
+    model.fast = False
+    assert torch.allclose(out[0], model.forward_tokens(ep), atol=1e-12)
