@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -84,3 +85,44 @@ def test_cli_estimate_unknown_experiment() -> None:
 )
 def test_format_seconds(seconds, text) -> None:
     assert format_seconds(seconds) == text
+
+
+def test_sampled_runs_are_probed_once_by_the_trainers_step_timer(monkeypatch) -> None:
+    """A sampled run's cost per step is the trainer's in-loop median step (+ the evaluation amortised), so it is
+    trained once for ``probe_steps``, not a second time for half as many."""
+    from iclab.experiments import registry
+
+    calls: list[int] = []
+    real = registry.execute_all
+
+    def counting(runs, **kw):
+        calls.extend(r.train.steps for r in runs)
+        return real(runs, **kw)
+
+    monkeypatch.setattr(registry, "execute_all", counting)
+    est = estimate_experiment("ahn2023.fig1", "smoke", probe_steps=6)
+    assert est.runs and all(r.regime == "sampled" for r in est.runs)
+    assert calls == [6] * len(est.runs)
+    for r in est.runs:
+        assert r.step_seconds > 0 and r.fixed_seconds >= 0
+        assert r.step_seconds * r.probed_steps <= r.seconds  # the steps' share cannot exceed the probe's wall
+
+
+def test_trainer_step_timer_counts_every_step_and_evaluation() -> None:
+    import torch
+
+    from iclab.core.seeding import generator
+    from iclab.models import LinearTransformer, LinearTransformerConfig
+    from iclab.tasks.linear_regression import LinearRegression
+    from iclab.training import TrainConfig
+    from iclab.training.trainer import train
+
+    model = LinearTransformer(LinearTransformerConfig(d=3, n_layers=1), generator=generator(0))
+    cfg = TrainConfig(steps=9, batch_size=16, eval_every=4, eval_batch=32, progress=False, seed=0)
+    sample = functools.partial(LinearRegression(d=3).sample, n=5)
+    res = train(model, sample, cfg)
+    t = res.timing
+    assert t is not None and t.steps == 9 and t.evals == 3  # steps 0, 4, 8
+    assert 0 < t.step_seconds < res.seconds and t.eval_seconds > 0
+    assert t.per_step() == t.step_seconds + t.eval_seconds / 4
+    assert torch.isfinite(torch.tensor(t.per_step()))

@@ -5,9 +5,12 @@
 
 The probe runs the experiment's own ``run`` with the preset's config (same data sizes, models, seeds, evaluation),
 then its plots and claims, but :class:`~iclab.experiments.registry.RunContext` trains every run for ``probe_steps``
-steps and for half as many: the difference of the two times is the run's cost per step, the rest its fixed cost
-(model build, data, first and last evaluation). Past ``probe_runs`` runs, a run trains one step and borrows the mean
-step cost of those probed. The projection replaces each run's probe time by its fixed cost plus steps × step cost:
+steps. A sampled run's cost per step is the trainer's in-loop timer (:class:`~iclab.training.StepTiming`: the median
+step, robust to a busy machine, plus the evaluation amortised over ``eval_every``); a full-batch or population run is
+trained again for half as many steps and the difference of the two times is its cost per step. The rest of a run's
+time is its fixed cost (model build, data, first and last evaluation). Past ``probe_runs`` runs, a run trains one step
+and borrows the mean step cost of those probed. The projection replaces each run's probe time by its fixed cost plus
+steps × step cost:
 
     projected = wall(probe) − Σ_runs probe seconds + Σ_runs (fixed + steps · step cost)
 

@@ -192,31 +192,47 @@ class RunContext:
         return [adopt(run, o.unwrap()) for run, o in zip(runs, outcomes, strict=True)]
 
     def _probe(self, run: TrainingRun) -> TrainResult:
-        """Train ``run`` for ``probe_steps`` and for half as many (each in its own directory): the difference of the
-        two times is the cost of a step, the rest the fixed cost. Past ``probe_runs`` runs so probed, a run trains
-        one step only and its step cost is the mean of the probed runs' (hundreds of runs are probed in minutes)."""
+        """Train ``run`` for ``probe_steps`` and split its time into a fixed cost and a cost per step.
+
+        The step cost is the trainer's own in-loop timer where it has one (:class:`~iclab.training.StepTiming`:
+        the median step plus the evaluation amortised, robust to a busy machine); otherwise (full-batch and
+        population regimes) the run is trained again for half as many steps, each in its own directory, and the
+        difference of the two times is the cost of a step. Past ``probe_runs`` runs so probed, a run trains one step
+        only and its step cost is the mean of the probed runs' (hundreds of runs are probed in minutes)."""
         assert self.probe_steps is not None
         full = min(run.train.steps, self.probe_steps)
         probed = [p for p in self.probes if not p.borrowed]
         borrowed = len(probed) >= self.probe_runs
-        lengths = (1,) if borrowed else tuple(sorted({max(1, full // 2), full}))
-        times, result = [], None
-        for steps in lengths:
+        times: list[float] = []
+        lengths: list[int] = []
+        result = None
+
+        def train(steps: int) -> TrainResult:
             spec = dataclasses.replace(run, train=dataclasses.replace(run.train, steps=steps))
             if run.regime == "sampled" and run.out_dir is not None:
                 spec = dataclasses.replace(spec, out_dir=self.subdir("probe", steps, run.name))
             t0 = time.perf_counter()
-            result = execute_all([spec], device=self.device, progress=self.progress)[0]
+            out = execute_all([spec], device=self.device, progress=self.progress)[0]
             times.append(time.perf_counter() - t0)
+            lengths.append(steps)
+            return out
+
+        result = train(1 if borrowed else full)
+        timing = result.timing
         if borrowed:
             step = sum(p.step_seconds for p in probed) / len(probed)
-        elif len(lengths) == 1:  # a one-step run: no fixed cost to split off
-            step = times[0]
+            fixed = max(times[0] - step, 0.0)
+        elif timing is not None and timing.steps == full:
+            step = timing.per_step()
+            fixed = max(times[0] - timing.steps * timing.step_seconds - timing.evals * timing.eval_seconds, 0.0)
+        elif full == 1:  # a one-step run: no fixed cost to split off
+            step, fixed = times[0], 0.0
         else:
-            step = max(times[1] - times[0], 0.0) / (lengths[1] - lengths[0])
-        fixed = max(times[-1] - step * lengths[-1], 0.0)
+            train(full // 2)  # the result kept is the full probe's
+            step = max(times[0] - times[1], 0.0) / (lengths[0] - lengths[1])
+            fixed = max(times[0] - step * lengths[0], 0.0)
         self.probes.append(
-            RunProbe(run.name, run.regime, run.train.steps, lengths[-1], sum(times), fixed, step, borrowed)
+            RunProbe(run.name, run.regime, run.train.steps, lengths[0], sum(times), fixed, step, borrowed)
         )
         assert result is not None
         return result

@@ -8,6 +8,7 @@ from iclab.training.population import population_flow as population_flow
 from iclab.training.run import ModelSpec as ModelSpec
 from iclab.training.run import TrainingRun as TrainingRun
 from iclab.training.run import execute_all as execute_all
+from iclab.training.trainer import StepTiming as StepTiming
 from iclab.training.trainer import TrainResult as TrainResult
 from iclab.training.trainer import load_history as load_history
 from iclab.training.trainer import mse_loss as mse_loss

@@ -51,6 +51,23 @@ def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
     return (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    """Host-side wall time of a run's steps, measured inside the loop (CPU runs): the median optimiser step (data,
+    forward, backward, clip, update), robust to a busy machine's stray slow steps, and the mean evaluation. What
+    :func:`iclab.experiments.estimate.estimate_experiment` projects a run's cost from."""
+
+    step_seconds: float  # median over the timed steps
+    steps: int  # steps timed
+    eval_seconds: float  # mean over the evaluations (0 when none ran)
+    evals: int
+    eval_every: int  # the config's; 0: only the last step evaluates
+
+    def per_step(self) -> float:
+        """Seconds per step with the periodic evaluation amortised over ``eval_every`` steps."""
+        return self.step_seconds + (self.eval_seconds / self.eval_every if self.eval_every else 0.0)
+
+
 @dataclass
 class TrainResult:
     """What one training run returns: the trained model (its final parameters), the metric history and the
@@ -66,6 +83,7 @@ class TrainResult:
     name: str = ""
     seed: int = 0
     trajectory: Trajectory | None = None
+    timing: StepTiming | None = None  # the steps this call ran (None on a GPU, or a finished run reloaded)
 
     @property
     def final_test_loss(self) -> float:
@@ -231,12 +249,15 @@ def train(
             ) from e
 
     t0 = time.perf_counter()
+    step_times: list[float] = []
+    eval_times: list[float] = []
     if start == 0:
         record_snapshot(0)
     with _progress_bar(cfg.progress, progress) as bar:
         task_id = bar.add_task(description, total=cfg.steps, completed=start) if bar is not None else None
         skipped = int(history[-1].get("skipped_steps", 0)) if history else 0
         for step in range(start, cfg.steps):
+            t_step = time.perf_counter()
             skipped_now = False
             lr = cfg.lr * lr_factor(step, cfg)
             for group in opt.param_groups:
@@ -265,6 +286,7 @@ def train(
                     if cfg.clip is not None:
                         clip_gradients(params, cfg.clip, cfg.clip_mode)
                     opt.step()
+            step_times.append(time.perf_counter() - t_step)
             done = step + 1
             row: dict[str, float] | None = None
             log_now = step % cfg.log_every == 0 or done == cfg.steps
@@ -274,7 +296,9 @@ def train(
                 if cfg.skip_nonfinite:
                     row["skipped_steps"] = float(skipped)
             if eval_now and row is not None:
+                t_eval = time.perf_counter()
                 row["test_loss"] = evaluate()
+                eval_times.append(time.perf_counter() - t_eval)
             if row is not None:
                 checked = {k: v for k, v in row.items() if not (skipped_now and k == "train_loss")}
                 bad_param = _first_nonfinite(model)
@@ -300,7 +324,17 @@ def train(
     save(cfg.steps, True, seconds)
     if writer is not None:
         writer.close()
-    return TrainResult(model, history, _stack(snaps), snap_steps, resumed, seconds)
+    timing = None
+    if step_times and device.type == "cpu":  # a GPU step's host time is its launch time, not its cost
+        step_times.sort()
+        timing = StepTiming(
+            step_times[len(step_times) // 2],
+            len(step_times),
+            sum(eval_times) / len(eval_times) if eval_times else 0.0,
+            len(eval_times),
+            cfg.eval_every,
+        )
+    return TrainResult(model, history, _stack(snaps), snap_steps, resumed, seconds, timing=timing)
 
 
 def _load_checkpoint(out: Path, device: torch.device) -> dict[str, Any] | None:
