@@ -68,7 +68,7 @@ def _weights_backward(act: str, P: Tensor, gP: Tensor, mask: Tensor | None, rowd
         gP.mul_(P)
         return gP if mask is None else gP.mul_(mask)
     if act == "relu":
-        return gP.mul_(P > 0)
+        return gP.mul_(P.sign())  # P = relu(S) >= 0: sign is the 0/1 mask, as a float (no bool conversion)
     return gP
 
 
@@ -147,9 +147,9 @@ def _forward_chunk(
     acts: tuple[str, ...],
     scale: float,
     cap: float | None,
-) -> tuple[Tensor, list[Tensor], list[list[tuple[Tensor, Tensor]]], list[list[Tensor | None]]]:
+) -> tuple[Tensor, list[Tensor], list[list[tuple[Tensor, Tensor, Tensor]]], list[list[Tensor | None]]]:
     """One chunk z_0 (D, T, b) through every layer: (query label of z_L (b,), states z_0 … z_{L−1}, per layer and
-    head the weights h̃(S) (Tt, n, b) and their mix u = Σ_i h̃_ji v_i, exp-cap masks). The last layer updates the query only (Tt = 1)."""
+    head the weights h̃(S) (Tt, n, b), their mix u = Σ_i h̃_ji v_i and g = Kᵀx_j, exp-cap masks). The last layer updates the query only (Tt = 1)."""
     L = K.shape[0]
     D, T, _ = z.shape
     d = D - 1
@@ -160,7 +160,8 @@ def _forward_chunk(
         znew = tgt.clone()
         Ps, Ms = [], []
         for h, act in enumerate(acts):
-            P, mask = _weights(act, _scores(_left(K[layer, h].T, tgt[:d]), src[:d]), cap)
+            g = _left(K[layer, h].T, tgt[:d])  # (d, Tt, b): g_j = Kᵀ x_j, kept for the backward
+            P, mask = _weights(act, _scores(g, src[:d]), cap)
             if A is None:  # only the label row moves
                 u = (P * src[d]).sum(1)  # (Tt, b): Σ_i h̃_ji y_i
                 znew[d].add_(u, alpha=scale * rs[layer][h])
@@ -168,7 +169,7 @@ def _forward_chunk(
                 u = _mix(P, src)  # (D, Tt, b): Σ_i h̃_ji [x_i; y_i]
                 znew[:d].add_(_left(A[layer, h], u[:d]), alpha=scale)
                 znew[d].add_(u[d], alpha=scale * rs[layer][h])
-            Ps.append((P, u))
+            Ps.append((P, u, g))
             Ms.append(mask)
         states.append(z)
         weights.append(Ps)
@@ -180,7 +181,7 @@ def _forward_chunk(
 def _backward_chunk(
     grad: Tensor,
     states: list[Tensor],
-    weights: list[list[tuple[Tensor, Tensor]]],
+    weights: list[list[tuple[Tensor, Tensor, Tensor]]],
     masks: list[list[Tensor | None]],
     K: Tensor,
     A: Tensor | None,
@@ -202,11 +203,13 @@ def _backward_chunk(
         Tt = gz.shape[1]
         src, tgt = z[:, :n], z[:, T - Tt :]
         gin = None
-        if layer > 0:  # z_0 is data: it needs no adjoint
+        if layer > 0 and Tt == T and len(acts) == 1:  # z_0 is data: it needs no adjoint
+            gin = gz  # the residual; one head reads gz before it adds to it, so gz accumulates in place
+        elif layer > 0:
             gin = grad.new_zeros(D, T, b)
-            gin[:, T - Tt :] = gz  # the residual
+            gin[:, T - Tt :] = gz
         for h, act in enumerate(acts):
-            (P, u), mask = weights[layer][h], masks[layer][h]
+            (P, u, g), mask = weights[layer][h], masks[layer][h]
             k_lh, r_lh = K[layer, h], rs[layer][h]
             if A is None:  # Δy_j = s r Σ_i h̃_ji y_i
                 gw = gz[d] * (scale * r_lh)  # (Tt, b)
@@ -229,7 +232,7 @@ def _backward_chunk(
             gg = _mix(gS, src[:d])  # (d, Tt, b): Σ_i dS_ji x_i
             gK[layer, h] += _outer(tgt[:d], gg)
             if gin is not None and A is not None:  # covariate adjoints (A ≡ 0: covariates are data)
-                _mix_t(gS, _left(k_lh.T, tgt[:d]), gin[:d, :n])
+                _mix_t(gS, g, gin[:d, :n])
                 gin[:d, T - Tt :] += _left(k_lh, gg)
         if gin is not None:
             gz = gin
