@@ -3,28 +3,93 @@
 
     python benchmarks/bench_bilinear.py [cpu|cuda] [--batch 4000] [--repeats 5]
 
-Prints ms per Adam step (forward, backward, global clip, update), the FLOPs of a step counted by
-``FlopCounterMode`` (matmul-family ops), achieved GFLOP/s against this machine's measured float32
-matmul peak (``iclab.bench.matmul_peak``) and against the rate of the model's own 13-wide matmul shapes
-(``iclab.bench.token_matmul_peak``: a roofline at shape), and the sampling time of a batch. The attention uses the
-associative O(n·D²) form of :class:`~iclab.models.LinearAttention`. Writes
-benchmarks/results/bench-bilinear-<device>.json; the numbers are discussed in docs/performance.md.
+Prints ms per Adam step (forward, backward, global clip, update) of ``model(episode)`` (on a CPU the fused path of
+:mod:`iclab.models._bilinear_fast`) and of ``model.forward_tokens`` (sub-layer by sub-layer), timed alternately, and
+three yardsticks measured in the same run:
+
+* the memory-traffic bound (``iclab.bench.memory_traffic_bound``): the bytes a layer-by-layer step must move for the
+  model's own (B, T, D) activations, (5·2L − 2)·A with A = B·T·D·4 bytes, over the best streaming bandwidth of
+  256 MiB copy / add / scale kernels at this thread count;
+* the FLOP bound: the model's matmul FLOPs (``FlopCounterMode`` on the token path, the same for both paths up to the
+  fused path's skipped work) at the square-matmul peak (``iclab.bench.matmul_peak``);
+* the shape bound: the same FLOPs at the rate of the model's own 13-wide matmul shapes (``token_matmul_peak``);
+* the GEMM floor (:func:`gemm_floor`): the fused path's matrix products alone, each on hot operands of one chunk.
+
+Also the sampling time of a batch. Writes benchmarks/results/bench-bilinear-<device>.json; the numbers are discussed
+in docs/performance.md (seed 003).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from iclab import models, tasks
-from iclab.bench import matmul_peak, measure_step, timeit, token_matmul_peak
+from iclab.bench import matmul_peak, memory_traffic_bound, timeit, token_matmul_peak
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
 from iclab.core.seeding import generator
-from iclab.training.trainer import mse_loss
+from iclab.models._bilinear_fast import CHUNK
+from iclab.training.optim import clip_gradients
+
+
+def _alternate(steps: dict[str, Callable[[], None]], *, device: torch.device, rounds: int) -> dict[str, float]:
+    """Median seconds of each step, timed in turn ``rounds`` times after one warm-up each (same load for all)."""
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for fn in steps.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            t = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def gemm_floor(device: torch.device, *, batch: int, n: int, d: int, d_bar: int, n_blocks: int, chunk: int, repeats: int) -> float:  # fmt: skip
+    """Seconds the fused path's matrix products alone take, each timed on hot (in-cache) operands of one chunk.
+
+    The products of :mod:`iclab.models._bilinear_fast` for ``chunk`` prompts, batch-last, block by block: FFN
+    [b; a] = W z (the first block on the d + 1 live rows), Gram G = Σ z zᵀ, z ← R z, and backward dR = Σ g zᵀ,
+    du = S z + Rᵀ g, d[W_0; W_1] = [∂a; ∂b] zᵀ, dz += [W_0ᵀ W_1ᵀ][∂a; ∂b] (none for the first block; the last block
+    updates the query alone). Times the sequence back to back on one chunk's buffers and scales by the number of
+    chunks: no elementwise work, no memory traffic beyond the chunk, no Python between the calls. The best this
+    BLAS does on the model's own shapes, so (floor) / (memory bound) is what any program built on it cannot beat.
+    """
+    D, T, db = d_bar + 1, n + 1, d_bar
+    g = generator(0, device)
+    z = torch.randn(D, chunk * T, generator=g, device=device)
+    zp, gp = z.view(D, chunk, T).permute(1, 0, 2), torch.randn_like(z).view(D, chunk, T).permute(1, 0, 2)
+    W, Wd = torch.randn(2 * db, db, generator=g, device=device), torch.randn(db, 2 * db, generator=g, device=device)
+    R, dab = torch.randn(chunk, D, D, generator=g, device=device), torch.randn(2 * db, chunk * T, generator=g, device=device)  # fmt: skip
+
+    def products() -> None:
+        for block in range(n_blocks):
+            k = d + 1 if block == 0 else db
+            W[:, :k] @ z[:k]  # FFN [b; a]
+            torch.bmm(zp[:, :, :n], zp[:, :, :n].transpose(1, 2))  # Gram
+            if block < n_blocks - 1:
+                torch.bmm(R, zp)  # z ← R z
+                torch.bmm(gp, zp.transpose(1, 2))  # dR
+                torch.bmm(R, zp).baddbmm_(R.transpose(1, 2), gp)  # du = S z + Rᵀ g
+            else:  # the last block: the query alone (its dR is one row)
+                torch.bmm(R, zp)  # du = S z
+            z[:k] @ dab.T  # d[W_0; W_1]
+            if block > 0:
+                Wd @ dab  # dz += [W_0ᵀ W_1ᵀ][∂a; ∂b]
+
+    return timeit(products, device=device, repeats=repeats, warmup=1) * -(-batch // chunk)
 
 
 def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int = 6, repeats: int = 5) -> dict[str, float]:  # fmt: skip
@@ -33,25 +98,51 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
     cfg = models.BilinearTransformerConfig(d=4, d_bar=12, n_blocks=n_blocks, init_std=0.02)
     model = models.BilinearTransformer(cfg, generator=generator(0)).to(dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    params = list(model.parameters())
     ep = task.sample(batch, n, generator=generator(1, dev))
+    assert ep.y_query is not None
+
+    def step(predict: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            opt.zero_grad(set_to_none=True)
+            (predict() - ep.y_query).square().mean().backward()
+            clip_gradients(params, 1.0, "global")
+            opt.step()
+
+        return run
+
     peak = matmul_peak(dev, repeats=repeats)
     shape_peak = token_matmul_peak(dev, batch=batch, tokens=n + 1, width=cfg.d_bar + 1, repeats=repeats)
-    r = measure_step(lambda: mse_loss(model, ep), opt, clip=1.0, clip_mode="global", device=dev, items=batch,
-                     per="prompts", repeats=repeats, warmup=1)  # fmt: skip
-    flops, sec = r["gflop_per_step"] * 1e9, r["ms_per_step"] / 1e3
+    mem = memory_traffic_bound(dev, batch=batch, tokens=n + 1, width=cfg.d_bar + 1, sublayers=2 * n_blocks, repeats=repeats)  # fmt: skip
+    with FlopCounterMode(display=False) as fc:  # the model's FLOPs: the token path's matmuls, forward + backward
+        model.forward_tokens(ep).square().mean().backward()
+    flops = fc.get_total_flops()
+    sec = _alternate({"fused": step(lambda: model(ep)), "tokens": step(lambda: model.forward_tokens(ep))}, device=dev, rounds=repeats)  # fmt: skip
     data = timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1)
+    floor = gemm_floor(dev, batch=batch, n=n, d=cfg.d, d_bar=cfg.d_bar, n_blocks=n_blocks, chunk=CHUNK, repeats=repeats)
+    fused, tokens, bound = sec["fused"], sec["tokens"], mem["memory_bound_ms"] / 1e3
     return {
         "device": str(dev),
         "threads": torch.get_num_threads(),
+        "ms_per_step": round(fused * 1e3, 1),
+        "token_ms_per_step": round(tokens * 1e3, 1),
+        "speedup_vs_tokens": round(tokens / fused, 2),
+        "traffic_gb": round(mem["traffic_gb"], 3),
+        "bandwidth_gbps": round(mem["bandwidth_gbps"], 1),
+        **{k: round(v, 1) for k, v in mem.items() if k.startswith("bandwidth_") and k != "bandwidth_gbps"},
+        "memory_bound_ms": round(bound * 1e3, 1),
+        "x_memory_bound": round(fused / bound, 2),
+        "token_x_memory_bound": round(tokens / bound, 2),
+        "gemm_floor_ms": round(floor * 1e3, 1),
+        "gemm_floor_x_memory_bound": round(floor / bound, 2),
         "matmul_peak_gflops": round(peak, 1),
-        "ms_per_step": round(sec * 1e3, 1),
         "gflop_per_step": round(flops / 1e9, 3),
-        "achieved_gflops": round(flops / sec / 1e9, 2),
+        "achieved_gflops": round(flops / fused / 1e9, 2),
         "flop_bound_ms": round(flops / (peak * 1e9) * 1e3, 1),
-        "x_flop_bound": round(sec / (flops / (peak * 1e9)), 1),
+        "x_flop_bound": round(fused / (flops / (peak * 1e9)), 2),
         "token_matmul_peak_gflops": round(shape_peak, 1),
         "shape_bound_ms": round(flops / (shape_peak * 1e9) * 1e3, 1),
-        "x_shape_bound": round(sec / (flops / (shape_peak * 1e9)), 1),
+        "x_shape_bound": round(fused / (flops / (shape_peak * 1e9)), 2),
         "data_ms": round(data * 1e3, 1),
     }
 

@@ -46,9 +46,7 @@ def run_peer(script: str, args: list[str], *, threads: int, timeout: float = 900
         return json.loads(out.read_text())
 
 
-def side_by_side(
-    ours: Callable[[], float], peer: Callable[[], float] | None, *, rounds: int = 3
-) -> dict[str, object]:
+def side_by_side(ours: Callable[[], float], peer: Callable[[], float] | None, *, rounds: int = 3) -> dict[str, object]:
     """Alternate ``peer()`` and ``ours()`` (each returns ms per step) ``rounds`` times; medians and the ratio.
 
     ``peer`` None (its code is not set up): only our side is timed, and ``ratio`` is None.

@@ -37,3 +37,21 @@ def test_token_matmul_peak_counts_the_four_shapes(monkeypatch: pytest.MonkeyPatc
     # the FLOPs the rate is computed from are the FLOPs the timed function really does
     assert calls == [4 * 2 * 8 * 11 * 5 * 5]
     assert 0 < rate < float("inf")
+
+
+def test_activation_traffic_counts_five_passes_per_sublayer() -> None:
+    from iclab.bench import activation_traffic
+
+    act = 4000 * 201 * 13 * 4  # one (B, T, D) float32 activation of the seed-003 step: 41.8 MB
+    assert activation_traffic(batch=4000, tokens=201, width=13, sublayers=12) == 58 * act  # (5·12 − 2)·A
+    assert activation_traffic(batch=2, tokens=3, width=5, sublayers=1, itemsize=8) == 3 * 2 * 3 * 5 * 8
+
+
+def test_memory_traffic_bound_is_bytes_over_the_best_bandwidth() -> None:
+    from iclab.bench import activation_traffic, memory_traffic_bound
+
+    r = memory_traffic_bound(torch.device("cpu"), batch=8, tokens=11, width=5, sublayers=4, repeats=1, mib=1)
+    assert r["traffic_gb"] == activation_traffic(batch=8, tokens=11, width=5, sublayers=4) / 1e9
+    kernels = [r[f"bandwidth_{k}_gbps"] for k in ("copy", "add", "scale")]
+    assert r["bandwidth_gbps"] == max(kernels) > 0
+    assert abs(r["memory_bound_ms"] - r["traffic_gb"] / r["bandwidth_gbps"] * 1e3) < 1e-9

@@ -31,6 +31,7 @@ RANK = {
     "experiments": 6,
     "reporting": 7,
     "cli": 8,
+    "__main__": 9,  # `python -m iclab`: runs the cli
     "bench": 7,  # the `iclab bench` verb: runs experiments, is run by the cli
 }
 

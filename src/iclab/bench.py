@@ -81,6 +81,75 @@ def token_matmul_peak(
     return 4 * 2 * batch * tokens * width * width / sec / 1e9
 
 
+def stream_bandwidth(device: torch.device, *, mib: int = 256, repeats: int = 5) -> dict[str, float]:
+    """Measured memory bandwidth, GB/s, of three streaming kernels on float32 arrays of ``mib`` MiB each.
+
+    ``copy`` (y ← x: reads 1, writes 1 array), ``add`` (z ← x + y: reads 2, writes 1) and ``scale`` (x ← 1·x in
+    place: reads 1, writes 1), on torch's current thread count. Bytes are those the program asks for (reads +
+    writes), not the hardware's (a store to a line not in cache also reads it, so ``copy`` and ``add`` report less
+    than ``scale``). Arrays far larger than any cache (256 MiB against a 32 MiB L3 here) make it the memory system's
+    rate. ``best`` is the highest of the three: the achievable bandwidth that :func:`memory_traffic_bound` divides by
+    (the most favourable to the hardware, so the bound is as low as this measurement can make it).
+    """
+    n = mib * 2**20 // 4
+    x = torch.ones(n, device=device)
+    y, z = torch.ones_like(x), torch.empty_like(x)
+    size = n * 4
+    rates = {
+        "copy": 2 * size / timeit(lambda: z.copy_(x), device=device, repeats=repeats, warmup=1),
+        "add": 3 * size / timeit(lambda: torch.add(x, y, out=z), device=device, repeats=repeats, warmup=1),
+        "scale": 2 * size / timeit(lambda: x.mul_(1.0), device=device, repeats=repeats, warmup=1),
+    }
+    out = {k: v / 1e9 for k, v in rates.items()}
+    return {**out, "best": max(out.values())}
+
+
+def activation_traffic(*, batch: int, tokens: int, width: int, sublayers: int, itemsize: int = 4) -> int:
+    """Bytes a training step of a residual token-wise stack must move for the model's own (B, T, D) tensors.
+
+    With A = batch · tokens · width · itemsize the size of one activation (41.8 MB for the seed-003 step), count
+
+    * the prompt z_0 written once (its embedding): A;
+    * per sub-layer, forward: read its input, write its output (2A); backward: read the output gradient, read the
+      input it saved, write the input gradient (3A): 5A;
+    * less what the read-out makes unnecessary: the last sub-layer's output is read at the query alone, so its
+      output write and output-gradient read are B·D, not A (−2A), and the first sub-layer's input is data, so no
+      input gradient is written (−A).
+
+    Total (5S − 2)·A for S sub-layers. Weights (a few thousand numbers) and per-prompt (D, D) matrices such as an
+    attention layer's Gram (B·D² against B·T·D) are left out, as is any second pass a particular implementation makes
+    (recomputation, a Gram before a product): this is what any layer-by-layer program must move at least, the
+    traffic a step has when its activations do not fit in cache. A program that keeps a chunk of prompts in cache
+    through several layers moves less and can beat the resulting bound.
+    """
+    act = batch * tokens * width * itemsize
+    return (5 * sublayers - 2) * act
+
+
+def memory_traffic_bound(
+    device: torch.device,
+    *,
+    batch: int,
+    tokens: int,
+    width: int,
+    sublayers: int,
+    itemsize: int = 4,
+    repeats: int = 5,
+    mib: int = 256,
+) -> dict[str, float]:
+    """The memory-traffic bound of a step: :func:`activation_traffic` bytes over :func:`stream_bandwidth`'s best rate,
+    measured now (same threads, same load). Returns ``traffic_gb``, ``bandwidth_gbps`` (and each kernel's rate as
+    ``bandwidth_<kernel>_gbps``) and ``memory_bound_ms``."""
+    traffic = activation_traffic(batch=batch, tokens=tokens, width=width, sublayers=sublayers, itemsize=itemsize)
+    bw = stream_bandwidth(device, mib=mib, repeats=repeats)
+    return {
+        "traffic_gb": traffic / 1e9,
+        "bandwidth_gbps": bw["best"],
+        **{f"bandwidth_{k}_gbps": v for k, v in bw.items() if k != "best"},
+        "memory_bound_ms": traffic / (bw["best"] * 1e9) * 1e3,
+    }
+
+
 def measure_step(
     loss: Callable[[], torch.Tensor],
     optimizer: torch.optim.Optimizer,

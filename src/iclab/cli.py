@@ -257,7 +257,9 @@ def estimate(
     paper: Annotated[str | None, typer.Argument(help="paper (e.g. zhang2025) or experiment; default: all")] = None,
     overrides: Annotated[list[str] | None, typer.Argument(help="config overrides key=value")] = None,
     preset: Annotated[str, typer.Option(help="smoke | quick | paper")] = "paper",
-    probe_steps: Annotated[int, typer.Option(help="steps each training run is probed for (full-batch runs also half as many)")] = 50,
+    probe_steps: Annotated[
+        int, typer.Option(help="steps each training run is probed for (full-batch runs also half as many)")
+    ] = 50,
     probe_runs: Annotated[int, typer.Option(help="runs probed in full; later runs train one step")] = 1_000_000,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
     as_json: Annotated[bool, typer.Option("--json", help="print the estimates as JSON on stdout")] = False,

@@ -34,6 +34,10 @@ on any normalisation; docs/papers/sun2025.md, "Stability"):
 Read-out (eq. 4): the paper trains the bottom-right entry towards −y_q; ``predict`` returns
 ŷ = −Z_L[d̄+1, n+1] = −z[:, -1, -1] (+ŷ). ``block_predictions`` gives ŷ after each of ℓ = 0..L
 blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
+
+Training path: on a CPU, ``forward`` runs the stack as one autograd node over chunks of prompts, batch-last, with a
+hand-written backward (:mod:`iclab.models._bilinear_fast`, exact against :meth:`BilinearTransformer.forward_tokens`
+to 1e-10 in float64; docs/performance.md, seed 003); ``forward_tokens`` is the sub-layer-by-sub-layer reference.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ from torch.nn.utils import parametrize
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, is_int, require, require_int
-from iclab.models.attention_core import moment_layer
+from iclab.models._bilinear_fast import bilinear_stack
+from iclab.models.attention_core import is_transformed, moment_layer
 from iclab.models.linear_attention import LinearAttention
 
 FFN = Literal["dense", "sparse", "sparse_strict", "none"]
@@ -280,12 +285,15 @@ class BilinearTransformer(nn.Module):
             out += [*ffn, attn] if self.config.order == "ffn_first" else [attn, *ffn]
         return out
 
+    def _prompt(self, episode: Episode) -> Tensor:
+        """Z′_0ᵀ = (SZ_0)ᵀ, (B, n+1, d̄+1): the prompt of eq. (1) with the label entries divided by ``label_scale``."""
+        z = embed_scratch(episode, self.config.d_bar)  # (B, n+1, d̄+1)
+        return z * self._label_scaling(z) if self.config.label_scale != 1.0 else z
+
     def _run(self, episode: Episode, keep: bool) -> tuple[Tensor, list[Tensor]]:
         self._check(episode)
-        z = embed_scratch(episode, self.config.d_bar)  # (B, n+1, d̄+1)
+        z = self._prompt(episode)
         s = self.config.label_scale
-        if s != 1.0:
-            z = z * self._label_scaling(z)  # Z′ = SZ
         states = [z]
         for layer in self.sublayers():
             z = moment_layer(layer, z, episode.n) if isinstance(layer, LinearAttention) else layer(z)
@@ -308,6 +316,23 @@ class BilinearTransformer(nn.Module):
         return torch.stack([-s[:, -1, -1] for s in states[::per]])
 
     def forward(self, episode: Episode) -> Tensor:
+        """+ŷ (B,). On a CPU the whole stack is one autograd node over chunks of prompts with a hand-written backward
+        (:mod:`iclab.models._bilinear_fast`; the same numbers as :meth:`forward_tokens`, not differentiable twice);
+        under ``torch.func`` transforms, on other devices and for a prompt that needs a gradient, :meth:`forward_tokens`."""
+        self._check(episode)
+        z0 = self._prompt(episode)
+        if z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
+            return self.forward_tokens(episode)
+        weights = [
+            ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
+            for layer in self.sublayers()
+        ]
+        slot = bilinear_stack(z0, weights, n=episode.n, live=self.config.d + 1)  # z′_L[query, label], z′ = SZ
+        return -slot * self.config.label_scale  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
+
+    def forward_tokens(self, episode: Episode) -> Tensor:
+        """+ŷ (B,) by the sub-layer modules on the (B, n+1, d̄+1) prompt, autograd through each: differentiable to any
+        order and under ``torch.func`` transforms (the reference :meth:`forward` is tested against)."""
         z, _ = self._run(episode, keep=False)
         return -z[:, -1, -1]  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
 

@@ -24,7 +24,10 @@ directly (no zero blocks multiplied), and K blocks equal K steps of
 :class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:func:`iclab.constructions.gd_algorithm`).
 ``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
 W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
-:func:`iclab.constructions.categorical_gd` loads the GD form into a free model.
+:func:`iclab.constructions.categorical_gd` loads the GD form into a free model. With ``kernel='softmax'`` and
+``erasure='kernel'`` (the authors' Trained TF) ``predict`` takes the fast path of :mod:`iclab.models._categorical_fast`:
+block 1 on the structured tokens of eq. (4)/(23) with (d + d')-wide keys = values, the last block at the queries only;
+the same function to float rounding (``model.fast = False``: the general block pass below).
 
 Erasure head (``erasure``):
 
@@ -64,7 +67,11 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_int
-from iclab.core.kernels import gram
+from iclab.models import _categorical_fast as fast
+from iclab.models._categorical_heads import erasure_failure_rate as erasure_failure_rate
+from iclab.models._categorical_heads import erasure_weights, head_weights, kernel_head
+from iclab.models._categorical_heads import softmax_cross_attention as softmax_cross_attention
+from iclab.models._categorical_heads import weigh as weigh
 
 KERNELS = ("linear", "rbf", "exp", "laplacian", "softmax")
 ERASURES = ("rbf", "softmax", "identity", "kernel")
@@ -120,127 +127,6 @@ class CategoricalTransformerConfig:
     def D(self) -> int:
         """Token width d + 3d' of the multi-step model."""
         return self.d + 3 * self.d_embed
-
-
-# ---- attention pieces shared by both models ---------------------------------------------------------
-
-
-def kernel_head(
-    kernel: str,
-    keys: Tensor,
-    queries: Tensor,
-    values: Tensor,
-    *,
-    divide_by_n: bool = True,
-    weights: Tensor | None = None,
-) -> Tensor:
-    """Σ_{i≤n} κ(k_i, q_j) v_i for every target j: keys (B, n, ·), queries (B, T, ·), values (B, n, k) -> (B, T, k).
-
-    The n keys are the context tokens only (queries masked as keys); softmax is normalised over them.
-    ``divide_by_n``: ÷ n for the unnormalised kernels. ``weights`` (B, T, n): precomputed κ(k_i, q_j) in
-    target-major layout (the GD model's scores are the same in every block); see :func:`head_weights`.
-    """
-    w = head_weights(kernel, keys, queries) if weights is None else weights  # (B, T, n)
-    out = weigh(w, values)  # (B, T, k)
-    return out / keys.shape[1] if divide_by_n and kernel != "softmax" else out
-
-
-#: value widths up to which :func:`weigh` takes the transposed orientation (measured: 2× faster at k = 5, slower
-#: at k = 25, where the transposing copies cost more than the GEMM saves)
-THIN_VALUES = 8
-
-
-class _Weigh(torch.autograd.Function):
-    """weights (B, T, n) @ values (B, n, k) with every product in the orientation MKL's batched GEMM is fast in.
-
-    With few value columns (k ≪ n) a plain ``weights @ values`` runs at ~2 GB/s on CPU; the thin operand on
-    the left, (valuesᵀ weightsᵀ)ᵀ, is ~2× faster, and the weight gradient is produced row-major, as the
-    softmax backward reads it (autograd through the transposed form would hand it a transposed gradient and
-    a (B, T, n) copy). Measured in benchmarks/bench_categorical.py.
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(weights: Tensor, values: Tensor) -> Tensor:
-        return (values.mT.contiguous() @ weights.mT).mT
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
-        weights, values = ctx.saved_tensors
-        g_w = grad @ values.mT if ctx.needs_input_grad[0] else None  # (B, T, n) row-major
-        g_v = (grad.mT.contiguous() @ weights).mT if ctx.needs_input_grad[1] else None  # (B, n, k)
-        return g_w, g_v
-
-
-def weigh(weights: Tensor, values: Tensor) -> Tensor:
-    """weights (B, T, n) @ values (B, n, k) -> (B, T, k) (a transposed view), the same product as ``@``,
-    computed in the orientation that is fast on CPU for thin values (see :class:`_Weigh`); differentiable
-    once (not twice)."""
-    if values.shape[-1] > THIN_VALUES:
-        return weights @ values
-    return _Weigh.apply(weights, values)
-
-
-def head_weights(kernel: str, keys: Tensor, queries: Tensor) -> Tensor:
-    """κ(k_i, q_j) as (B, T, n), target-major: ``gram``'s (B, n, T) transposed (for softmax a free view, since
-    ``gram`` normalises along contiguous memory), so that w @ values and its backward read rows."""
-    return gram(kernel, keys, queries).transpose(1, 2)  # type: ignore[arg-type]
-
-
-def erasure_weights(kind: str, keys: Tensor, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """Weights of the erasure head: (context weights (B, n, T), self weights (B, T)).
-
-    ``keys``/``queries`` (B, T, ·) are W_K e and W_Q e of every token. Target j attends to the n context
-    tokens and, if it is a query (j ≥ n), to itself. ``rbf``: exp(−‖k_i − q_j‖²/2), the i = j scores from
-    the direct difference; ``softmax``: normalised over those keys; ``identity``: δ_ij.
-    """
-    B, T = queries.shape[:2]
-    is_query = torch.arange(T, device=queries.device) >= n  # (T,)
-    eye = torch.eye(n, T, dtype=torch.bool, device=queries.device)  # (n, T): i == j
-    if kind == "identity":
-        ctx = eye.to(queries.dtype).expand(B, n, T)
-        return ctx, is_query.to(queries.dtype).expand(B, T)
-    if kind == "rbf":
-        self_score = torch.exp(-0.5 * (keys - queries).square().sum(-1))  # (B, T) κ(k_j, q_j), exact
-        ctx = gram("rbf", keys[:, :n], queries)  # (B, n, T)
-        ctx = torch.where(eye, _diagonal(self_score, n, T), ctx)
-        return ctx, self_score * is_query
-    if kind == "softmax":
-        logits = keys[:, :n] @ queries.transpose(1, 2)  # (B, n, T)
-        self_logit = (keys * queries).sum(-1).masked_fill(~is_query, float("-inf"))  # (B, T)
-        top = torch.maximum(logits.amax(1), self_logit)  # (B, T)
-        w_ctx, w_self = torch.exp(logits - top.unsqueeze(1)), torch.exp(self_logit - top)
-        z = w_ctx.sum(1) + w_self
-        return w_ctx / z.unsqueeze(1), w_self / z
-    raise ValueError(f"erasure_weights: kind must be 'rbf', 'softmax' or 'identity'; got {kind!r}")
-
-
-def _diagonal(self_score: Tensor, n: int, T: int) -> Tensor:
-    """(B, T) self scores placed on the diagonal i = j of a (B, n, T) tensor (zeros elsewhere)."""
-    diag = torch.diag_embed(self_score[:, :n], dim1=1, dim2=2)  # (B, n, n)
-    return diag if n == T else torch.nn.functional.pad(diag, (0, T - n))
-
-
-def erasure_failure_rate(x: Tensor) -> float:
-    """Fraction of context rows j with argmax_i x_jᵀx_i ≠ j (i over the context): where the dot-product softmax
-    erasure of the paper concentrates on the wrong token as λ → ∞ (spec 004 §2.2: ≈ 9.6% on U[−1,1]^10, N = 125;
-    0 when ‖x_i‖ is constant). ``x`` (B, n, d)."""
-    inner = x @ x.transpose(1, 2)  # (B, n, n)
-    arg = inner.argmax(1)  # (B, n) for each target j
-    return float((arg != torch.arange(x.shape[1], device=x.device)).to(torch.float64).mean())
-
-
-def softmax_cross_attention(queries: Tensor, keys: Tensor, values: Tensor) -> Tensor:
-    """Σ_c softmax_c(k_cᵀ q_j) v_c: queries (B, T, k), keys (C, k), values (C, m) -> (B, T, m) (eq. 38-43).
-
-    Plain softmax attention over the C keys (no temperature, no 1/√k; the stable max-subtracted softmax).
-    """
-    return torch.softmax(queries @ keys.T, dim=-1) @ values
 
 
 class _EmbeddingModel(nn.Module):
@@ -349,12 +235,16 @@ class CategoricalTransformer(_EmbeddingModel):
     # -- tokens -----------------------------------------------------------------------------------------
     def embed(self, episode: Episode, points: Tensor | None = None) -> Tensor:
         """e_{·,0} (B, n+m, D) = (x; w_{e,y} (0 at queries); w̄_e; 0) (eq. 4, 23)."""
+        x, U = self._embed_xu(episode, points)
+        E = self.W_e.mean(1).expand_as(U)
+        return torch.cat([x, U, E, torch.zeros_like(U)], dim=-1)
+
+    def _embed_xu(self, episode: Episode, points: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The X and U blocks of e_{·,0}: x (B, n+m, d), U (B, n+m, d') = w_{e,y}, 0 at the queries."""
         q = self._check(episode, points)
         W = self.W_e
-        x = torch.cat([episode.x, q], dim=1)  # (B, T, d)
         U = torch.cat([W.T[episode.labels], W.new_zeros(q.shape[0], q.shape[1], W.shape[0])], dim=1)
-        E = W.mean(1).expand_as(U)
-        return torch.cat([x, U, E, torch.zeros_like(U)], dim=-1)
+        return torch.cat([episode.x, q], dim=1), U
 
     def _block_index(self, k: int) -> int:
         return 0 if self.config.shared else k
@@ -427,8 +317,10 @@ class CategoricalTransformer(_EmbeddingModel):
 
     def predict_points(self, episode: Episode, points: Tensor | None = None) -> Tensor:
         cfg = self.config
-        z = self.embed(episode, points)
         n, K = episode.n, cfg.n_blocks
+        if self.uses_fast_path:
+            return self._free_fast(episode, points)
+        z = self.embed(episode, points)
         if cfg.mode == "free":
             for k in range(K):
                 z = self._free_block(z, n, k, last=k == K - 1)
@@ -441,6 +333,27 @@ class CategoricalTransformer(_EmbeddingModel):
                 z = self._gd_block(z, n, k, weights)
             return z[:, n:, -cfg.d_embed :] @ self.W_e
         return self._gd_identity_erasure(z, n)
+
+    #: run the free model's fast path where it applies (:attr:`uses_fast_path`); False: every block by the general
+    #: :meth:`_free_block` (the reference for tests and benchmarks)
+    fast: bool = True
+
+    @property
+    def uses_fast_path(self) -> bool:
+        """``mode='free'``, ``kernel='softmax'``, ``erasure='kernel'`` (the authors' Trained TF) and :attr:`fast`:
+        :meth:`predict_points` runs :mod:`iclab.models._categorical_fast` (block 1 on the structured tokens of eq. 4/23
+        with (d + d')-wide keys, middle blocks by :meth:`_free_block`, the last block at the queries only); the same
+        function as the general path to float rounding."""
+        cfg = self.config
+        return self.fast and cfg.mode == "free" and cfg.kernel == "softmax" and cfg.erasure == "kernel"
+
+    def _free_fast(self, episode: Episode, points: Tensor | None) -> Tensor:
+        n, K, W = episode.n, self.config.n_blocks, self.W_e
+        z = fast.first_block(self.blocks[0], W, *self._embed_xu(episode, points), n, last=K == 1)
+        for k in range(1, K - 1):
+            z = self._free_block(z, n, k)
+        z = fast.query_block(self.blocks[self._block_index(K - 1)], W, z, n) if K > 1 else z
+        return z[..., -self.config.d_embed :] @ W  # (B, m, C) readout (eq. 7)
 
     def _gd_identity_erasure(self, z: Tensor, n: int) -> Tensor:
         """GD with the exact erasure δ_ij: the same numbers as K :meth:`_gd_block` passes, with less work.

@@ -1,0 +1,239 @@
+/* Fused softmax attention with keys = values (iclab.models._categorical_fast: the Trained TF's first block).
+
+   Per context b: o_j = Σ_i p_ij s_i, p_ij = softmax_i(q_jᵀ s_i), for M query rows q (M x 16) and n sources s (n x 16),
+   float32, rows of 16 (the 15-wide (x; u) padded with a zero column). The backward takes g = dL/do and returns
+   dq = dS s and the gradient of the source columns [c0, c0 + w) as (w x n), dsᵀ = qᵀ dS + gᵀ P, with dP = g sᵀ and
+   the score gradient dS = P ⊙ (dP − Σ_i p_ij dP_ij) (torch's softmax backward). The forward leaves the unnormalised
+   weights e_ij = exp(q_jᵀ s_i − max_i) in rows of np = n rounded up to 16 (zeros beyond n; streamed to memory past
+   the caches) and 1 / Σ_i e_ij per row, for the backward (P = e / Σ e). Per block of 6 query rows, scores, softmax
+   and products stay in L1 (no (M, n) temporaries). Denormals are flushed to zero inside the calls (values below
+   1.2e-38, far under float32 rounding of the outputs). Built by _categorical_fast.native() with cc -O3 -mavx2 -mfma;
+   torch code computes the same where it is absent. */
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define R 16 /* row width */
+#define RB 6 /* query rows per block: 12 accumulators + 2 loads + 1 broadcast registers */
+
+/* exp(x) for x <= 0 (after the max is subtracted); Cephes polynomial, ~1 ulp; 0 below -87.3 */
+static inline __m256 exp_neg(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+
+static inline float hmax(__m256 v) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_max_ss(a, _mm_shuffle_ps(a, a, 1)));
+}
+
+static inline float hsum(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(a, _mm_shuffle_ps(a, a, 1)));
+}
+
+#define DECL(r) __m256 c##r##0 = _mm256_setzero_ps(), c##r##1 = _mm256_setzero_ps();
+#define FMA2(r, ptr)                                                                                              \
+    {                                                                                                             \
+        __m256 av = _mm256_broadcast_ss(ptr);                                                                     \
+        c##r##0 = _mm256_fmadd_ps(av, b0, c##r##0);                                                               \
+        c##r##1 = _mm256_fmadd_ps(av, b1, c##r##1);                                                               \
+    }
+#define STORE2(r, ptr)                                                                                            \
+    {                                                                                                             \
+        _mm256_storeu_ps(ptr, c##r##0);                                                                           \
+        _mm256_storeu_ps((ptr) + 8, c##r##1);                                                                     \
+    }
+
+/* out (RB x np) = a (RB x R) @ st (R x np), np a multiple of 16 */
+static void rows_times_st(const float *a, const float *st, int np, float *out) {
+    for (int i0 = 0; i0 < np; i0 += 16) {
+        DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5)
+        for (int k = 0; k < R; k++) {
+            __m256 b0 = _mm256_loadu_ps(st + k * np + i0), b1 = _mm256_loadu_ps(st + k * np + i0 + 8);
+            FMA2(0, a + k) FMA2(1, a + R + k) FMA2(2, a + 2 * R + k) FMA2(3, a + 3 * R + k)
+            FMA2(4, a + 4 * R + k) FMA2(5, a + 5 * R + k)
+        }
+        STORE2(0, out + i0) STORE2(1, out + np + i0) STORE2(2, out + 2 * np + i0) STORE2(3, out + 3 * np + i0)
+        STORE2(4, out + 4 * np + i0) STORE2(5, out + 5 * np + i0)
+    }
+}
+
+/* out (RB x R) = w (RB x ldw) @ s (n x R) */
+static void rows_times_s(const float *w, int ldw, const float *s, int n, float *out) {
+    DECL(0) DECL(1) DECL(2) DECL(3) DECL(4) DECL(5)
+    for (int i = 0; i < n; i++) {
+        __m256 b0 = _mm256_loadu_ps(s + i * R), b1 = _mm256_loadu_ps(s + i * R + 8);
+        FMA2(0, w + i) FMA2(1, w + ldw + i) FMA2(2, w + 2 * ldw + i) FMA2(3, w + 3 * ldw + i)
+        FMA2(4, w + 4 * ldw + i) FMA2(5, w + 5 * ldw + i)
+    }
+    STORE2(0, out) STORE2(1, out + R) STORE2(2, out + 2 * R) STORE2(3, out + 3 * R) STORE2(4, out + 4 * R)
+    STORE2(5, out + 5 * R)
+}
+
+/* st (R x np) = sᵀ, zero beyond n */
+static void transpose_pad(const float *s, int n, int np, float *st) {
+    for (int k = 0; k < R; k++) {
+        for (int i = 0; i < n; i++) st[k * np + i] = s[i * R + k];
+        for (int i = n; i < np; i++) st[k * np + i] = 0.0f;
+    }
+}
+
+/* the block's rows j0 .. j0 + rows of src (stride R), zero-padded to RB rows when rows < RB */
+static const float *block_rows(const float *src, int rows, float *pad) {
+    if (rows == RB) return src;
+    memset(pad, 0, sizeof(float) * RB * R);
+    memcpy(pad, src, sizeof(float) * rows * R);
+    return pad;
+}
+
+/* Forward for contexts [b0, b1) of q (B, M, R), s (B, n, R): o (B, M, R) and, unless NULL, e (B, M, np), inv (B, M). */
+int kv_softmax_forward(int b0, int b1, int M, int n, const float *q, const float *s, float *e, float *inv,
+                       float *o) {
+    const int np = (n + 15) / 16 * 16;
+    float *st = aligned_alloc(64, sizeof(float) * R * np), *sc = aligned_alloc(64, sizeof(float) * RB * np);
+    if (!st || !sc) {
+        free(st);
+        free(sc);
+        return 1;
+    }
+    float pad[RB * R], ot[RB * R], rinv[RB];
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    for (int b = b0; b < b1; b++) {
+        const float *qb = q + (size_t)b * M * R, *sb = s + (size_t)b * n * R;
+        transpose_pad(sb, n, np, st);
+        for (int j0 = 0; j0 < M; j0 += RB) {
+            const int rows = M - j0 < RB ? M - j0 : RB;
+            rows_times_st(block_rows(qb + j0 * R, rows, pad), st, np, sc);
+            for (int r = 0; r < RB; r++) {
+                float *row = sc + r * np;
+                if (r >= rows) { /* padded rows: weights 0 */
+                    memset(row, 0, sizeof(float) * np);
+                    rinv[r] = 0.0f;
+                    continue;
+                }
+                for (int i = n; i < np; i++) row[i] = -INFINITY;
+                __m256 mx = _mm256_set1_ps(-INFINITY);
+                for (int i = 0; i < np; i += 8) mx = _mm256_max_ps(mx, _mm256_load_ps(row + i));
+                const __m256 m = _mm256_set1_ps(hmax(mx));
+                __m256 sum = _mm256_setzero_ps();
+                float *erow = e ? e + ((size_t)b * M + j0 + r) * np : NULL;
+                for (int i = 0; i < np; i += 8) {
+                    __m256 v = exp_neg(_mm256_sub_ps(_mm256_load_ps(row + i), m));
+                    sum = _mm256_add_ps(sum, v);
+                    _mm256_store_ps(row + i, v);
+                    if (erow) _mm256_stream_ps(erow + i, v);
+                }
+                rinv[r] = 1.0f / hsum(sum);
+                if (inv) inv[(size_t)b * M + j0 + r] = rinv[r];
+            }
+            rows_times_s(sc, np, sb, n, ot); /* Σ_i e_ij s_i, then ÷ Σ_i e_ij */
+            float *ob = o + ((size_t)b * M + j0) * R;
+            for (int r = 0; r < rows; r++) {
+                const __m256 f = _mm256_set1_ps(rinv[r]);
+                _mm256_storeu_ps(ob + r * R, _mm256_mul_ps(_mm256_loadu_ps(ot + r * R), f));
+                _mm256_storeu_ps(ob + r * R + 8, _mm256_mul_ps(_mm256_loadu_ps(ot + r * R + 8), f));
+            }
+        }
+    }
+    _mm_sfence(); /* the streamed weights are visible before the backward reads them */
+    _mm_setcsr(csr);
+    free(st);
+    free(sc);
+    return 0;
+}
+
+/* Backward for contexts [b0, b1) given g (B, M, R), e and inv from the forward: dq (B, M, R) unless NULL and
+   dst (B, w, n), the gradient of s's columns [c0, c0 + w). */
+int kv_softmax_backward(int b0, int b1, int M, int n, int c0, int w, const float *q, const float *s, const float *e,
+                        const float *inv, const float *g, float *dq, float *dst) {
+    const int np = (n + 15) / 16 * 16;
+    float *st = aligned_alloc(64, sizeof(float) * R * np), *ds = aligned_alloc(64, sizeof(float) * RB * np);
+    float *pp = aligned_alloc(64, sizeof(float) * RB * np), *acc = aligned_alloc(64, sizeof(float) * R * np);
+    if (!st || !ds || !pp || !acc) {
+        free(st);
+        free(ds);
+        free(pp);
+        free(acc);
+        return 1;
+    }
+    float pad[RB * R], ot[RB * R];
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    for (int b = b0; b < b1; b++) {
+        const float *qb = q + (size_t)b * M * R, *sb = s + (size_t)b * n * R, *gb = g + (size_t)b * M * R;
+        const float *eb = e + (size_t)b * M * np;
+        transpose_pad(sb, n, np, st);
+        memset(acc, 0, sizeof(float) * w * np);
+        for (int j0 = 0; j0 < M; j0 += RB) {
+            const int rows = M - j0 < RB ? M - j0 : RB;
+            rows_times_st(block_rows(gb + j0 * R, rows, pad), st, np, ds); /* dP = g sᵀ */
+            for (int r = 0; r < RB; r++) {
+                float *dr = ds + r * np, *pr = pp + r * np;
+                if (r >= rows) { /* padded rows: zero probabilities and score gradients */
+                    memset(dr, 0, sizeof(float) * np);
+                    memset(pr, 0, sizeof(float) * np);
+                    continue;
+                }
+                const float *erow = eb + (size_t)(j0 + r) * np;
+                const __m256 f = _mm256_set1_ps(inv[(size_t)b * M + j0 + r]);
+                __m256 dv = _mm256_setzero_ps();
+                for (int i = 0; i < np; i += 8) {
+                    __m256 pv = _mm256_mul_ps(_mm256_load_ps(erow + i), f);
+                    _mm256_store_ps(pr + i, pv);
+                    dv = _mm256_fmadd_ps(pv, _mm256_load_ps(dr + i), dv);
+                }
+                const __m256 d = _mm256_set1_ps(hsum(dv)); /* Σ_i p_ij dP_ij, as torch's softmax backward */
+                for (int i = 0; i < np; i += 8)
+                    _mm256_store_ps(dr + i,
+                                    _mm256_mul_ps(_mm256_load_ps(pr + i), _mm256_sub_ps(_mm256_load_ps(dr + i), d)));
+            }
+            if (dq) {
+                rows_times_s(ds, np, sb, n, ot); /* dq = dS s */
+                memcpy(dq + ((size_t)b * M + j0) * R, ot, sizeof(float) * rows * R);
+            }
+            for (int c = 0; c < w; c++) { /* acc[c] += Σ_r q[r][c0 + c] dS[r] + g[r][c0 + c] P[r] */
+                __m256 qa[RB], ga[RB];
+                for (int r = 0; r < RB; r++) {
+                    qa[r] = _mm256_set1_ps(r < rows ? qb[(j0 + r) * R + c0 + c] : 0.0f);
+                    ga[r] = _mm256_set1_ps(r < rows ? gb[(j0 + r) * R + c0 + c] : 0.0f);
+                }
+                float *ac = acc + c * np;
+                for (int i = 0; i < np; i += 8) {
+                    __m256 a = _mm256_loadu_ps(ac + i);
+                    for (int r = 0; r < RB; r++) {
+                        a = _mm256_fmadd_ps(qa[r], _mm256_loadu_ps(ds + r * np + i), a);
+                        a = _mm256_fmadd_ps(ga[r], _mm256_loadu_ps(pp + r * np + i), a);
+                    }
+                    _mm256_storeu_ps(ac + i, a);
+                }
+            }
+        }
+        for (int c = 0; c < w; c++) memcpy(dst + ((size_t)b * w + c) * n, acc + c * np, sizeof(float) * n);
+    }
+    _mm_setcsr(csr);
+    free(st);
+    free(ds);
+    free(pp);
+    free(acc);
+    return 0;
+}

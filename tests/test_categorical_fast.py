@@ -1,0 +1,213 @@
+"""The free CategoricalTransformer's fast path (models._categorical_fast, issue 19) computes the paper's function.
+
+Reference: the token-level block of Wang et al. 2025, eq. (36)-(44), written out plainly below (both heads project every
+token with their full D×D matrices, softmax over the n context keys; cross-attention to W_e's columns; residuals;
+readout eq. 7). In float64 the fast path's logits and every parameter's gradient equal it, and the model's general
+path (``model.fast = False``), to 1e-10 relative, for K = 1, 2, 3 blocks (K = 3 runs a middle block by the general
+code), shared and separate block weights, one or several queries, padded and unpadded source widths, and batches
+split into several chunks with a ragged last one. The fused C kernel (``_kv_softmax.c``, float32) equals the float64
+head to float32 rounding wherever it can be built; where it cannot, the torch code runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import iclab
+from conftest import F32, F64, rel_diff
+from iclab.core.episode import Episode
+from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
+from iclab.models import _categorical_fast as fast
+
+
+def _episode(B: int, n: int, d: int, C: int, seed: int, dtype: torch.dtype = F64) -> Episode:
+    g = iclab.generator(seed)
+    return Episode(
+        x=torch.rand(B, n, d, generator=g, dtype=dtype) * 2 - 1,
+        x_query=torch.rand(B, d, generator=g, dtype=dtype) * 2 - 1,
+        labels=torch.randint(C, (B, n), generator=g),
+        label_query=torch.randint(C, (B,), generator=g),
+    )
+
+
+def reference_logits(model: CategoricalTransformer, ep: Episode, points: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits (B, m, C) by eq. (4), (23), (36)-(44), (7) token by token, every head with its full matrices."""
+    cfg, W, n = model.config, model.W_e, ep.n
+    q = ep.x_query.unsqueeze(1) if points is None else points.expand(ep.batch_size, *points.shape)
+    x = torch.cat([ep.x, q], dim=1)  # (B, T, d)
+    U = torch.cat([W.T[ep.labels], x.new_zeros(*q.shape[:2], cfg.d_embed)], dim=1)  # w_{e,y_i}; 0 at queries
+    z = torch.cat([x, U, W.mean(1).expand_as(U), torch.zeros_like(U)], dim=-1)  # (x; u; w̄_e; 0)
+    for k in range(cfg.n_blocks):
+        blk = model.blocks[0 if cfg.shared else k]
+        heads = torch.zeros_like(z)
+        for h in range(2):  # SA_1 + SA_2 (eq. 36): softmax over the context keys only (queries masked as keys)
+            keys, values, queries = z[:, :n] @ blk.W_K[h].T, z[:, :n] @ blk.W_V[h].T, z @ blk.W_Q[h].T
+            heads = heads + torch.softmax(queries @ keys.mT, dim=-1) @ values @ blk.P[h].T
+        zt = z + heads  # ẽ (eq. 37)
+        qc, kc, vc = zt @ blk.W_Qc.T, W.T @ blk.W_Kc.T, W.T @ blk.W_Vc.T  # cross-attention (eq. 38-43)
+        z = zt + torch.softmax(qc @ kc.T, dim=-1) @ vc @ blk.Pc.T  # eq. (44)
+    return z[:, n:, -cfg.d_embed :] @ W  # eq. (7)
+
+
+def _value_and_grads(model: CategoricalTransformer, fn, weights: torch.Tensor):
+    model.zero_grad(set_to_none=True)
+    out = fn()
+    (out * weights).sum().backward()  # a random linear functional: every logit reaches every gradient
+    return out.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def _check(cfg: CategoricalTransformerConfig, *, B: int, n: int, m: int, seed: int, nonzero: bool = True) -> None:
+    """Fast path vs :func:`reference_logits` and vs the general path: logits and every gradient to 1e-10 relative.
+    ``nonzero``: also require non-trivial logits and a non-zero gradient for every parameter (the checks bite);
+    otherwise a gradient that is 0 in exact arithmetic (n = 1: W_Q, W_K) is compared at 1e-10 of the largest one."""
+    model = CategoricalTransformer(cfg, generator=iclab.generator(seed)).to(F64)
+    assert model.uses_fast_path
+    ep = _episode(B, n, cfg.d, cfg.num_classes, seed + 1)
+    points = None if m == 1 else torch.rand(m, cfg.d, generator=iclab.generator(seed + 2), dtype=F64) * 2 - 1
+    weights = torch.randn(B, m, cfg.num_classes, generator=iclab.generator(seed + 3), dtype=F64)
+    fast_out, fast_g = _value_and_grads(model, lambda: model.predict_points(ep, points), weights)
+    ref_out, ref_g = _value_and_grads(model, lambda: reference_logits(model, ep, points), weights)
+    model.fast = False
+    gen_out, gen_g = _value_and_grads(model, lambda: model.predict_points(ep, points), weights)
+    assert set(fast_g) == set(ref_g) == set(gen_g) == {k for k, _ in model.named_parameters()}
+    if nonzero:
+        assert ref_out.abs().max() > 1e-2 and all(g.abs().max() > 0 for g in ref_g.values())
+    floor = 0.0 if nonzero else max(float(g.abs().max()) for g in ref_g.values())
+    for other_out, other_g in ((ref_out, ref_g), (gen_out, gen_g)):
+        assert rel_diff(fast_out, other_out) < 1e-10
+        for name, g in other_g.items():
+            assert float((fast_g[name] - g).abs().max()) < 1e-10 * max(float(g.abs().max()), floor), name
+
+
+@pytest.mark.parametrize("K", [1, 2, 3])
+@pytest.mark.parametrize("shared", [False, True])
+def test_fast_path_equals_the_token_level_blocks(K: int, shared: bool) -> None:
+    """§6.1 widths (d = 10, d' = 5, C = 25: 15-wide sources padded to 16), logits and all gradients, float64."""
+    cfg = CategoricalTransformerConfig(n_blocks=K, mode="free", kernel="softmax", shared=shared, init_std=0.3)
+    _check(cfg, B=3, n=20, m=1, seed=10 * K + shared)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    K=st.integers(1, 3),
+    d=st.integers(1, 6),
+    dp=st.integers(1, 4),
+    C=st.integers(2, 7),
+    n=st.integers(1, 12),  # n = 1: one key, so W_Q and W_K get zero gradients
+    m=st.integers(1, 3),
+    zero_last=st.booleans(),
+)
+def test_fast_path_equals_the_token_level_blocks_at_any_size(
+    seed: int, K: int, d: int, dp: int, C: int, n: int, m: int, zero_last: bool
+) -> None:
+    """Any widths (padded to a multiple of 8 or exactly 8 wide), any n, several queries, both W_e conventions."""
+    cfg = CategoricalTransformerConfig(d=d, d_embed=dp, num_classes=C, n_blocks=K, mode="free", kernel="softmax",
+                                       zero_last_class=zero_last, init_std=0.3)  # fmt: skip
+    _check(cfg, B=2, n=n, m=m, seed=seed, nonzero=False)
+
+
+def test_fast_path_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch split into chunks of 2 contexts (the last one ragged) gives the same numbers."""
+    monkeypatch.setattr(fast, "CHUNK", 2)
+    cfg = CategoricalTransformerConfig(n_blocks=2, mode="free", kernel="softmax", init_std=0.3)
+    _check(cfg, B=5, n=9, m=2, seed=7)
+
+
+def test_shared_kv_softmax_gradcheck() -> None:
+    """The hand-written backward of the shared keys = values head: gradcheck in float64, with and without a gradient
+    for the x columns, chunked (CHUNK forced to 1); no-grad inference keeps no probabilities, same output."""
+    g = iclab.generator(4)
+    x = torch.randn(3, 5, 2, generator=g, dtype=F64)
+    u = torch.randn(3, 5, 3, generator=g, dtype=F64, requires_grad=True)
+    q = torch.cat([torch.randn(3, 4, 5, generator=g, dtype=F64), torch.zeros(3, 4, 3, dtype=F64)], -1)
+    q.requires_grad_()
+    s = torch.cat([x, u.detach(), torch.zeros(3, 5, 3, dtype=F64)], -1)
+    expected = torch.softmax(q.detach() @ s.mT, -1) @ s
+    with torch.no_grad():
+        assert rel_diff(fast.shared_kv_softmax(q, x, u), expected) < 1e-14
+    old = fast.CHUNK
+    try:
+        fast.CHUNK = 1
+        assert torch.autograd.gradcheck(fast.shared_kv_softmax, (q, x, u))
+        assert torch.autograd.gradcheck(fast.shared_kv_softmax, (q, x.clone().requires_grad_(), u))
+    finally:
+        fast.CHUNK = old
+
+
+def test_fast_path_in_float32_and_without_gradients() -> None:
+    """float32 at the §6.1 sizes: fast and general paths agree to float rounding; so does a no-grad pass."""
+    cfg = CategoricalTransformerConfig(n_blocks=2, mode="free", kernel="softmax", init_std=0.3)
+    model = CategoricalTransformer(cfg, generator=iclab.generator(0))
+    ep = _episode(4, 125, 10, 25, seed=1, dtype=F32)
+    logits = model.predict(ep)
+    with torch.no_grad():
+        assert rel_diff(model.predict(ep), logits) < 1e-5  # no probabilities kept; MKL may round differently
+        model.fast = False
+        general = model.predict(ep)
+    assert rel_diff(logits, general) < 1e-5
+
+
+def test_which_configurations_take_the_fast_path() -> None:
+    """Only the free model with the softmax kernel and an ordinary second head; ``fast = False`` turns it off."""
+    base = {"mode": "free", "kernel": "softmax"}
+    assert CategoricalTransformer(CategoricalTransformerConfig(**base)).uses_fast_path
+    for change in ({"kernel": "exp"}, {"erasure": "rbf"}, {"mode": "gd", "erasure": None}):
+        assert not CategoricalTransformer(CategoricalTransformerConfig(**{**base, **change})).uses_fast_path
+    model = CategoricalTransformer(CategoricalTransformerConfig(**base))
+    model.fast = False
+    assert not model.uses_fast_path
+
+
+def _head64(q: torch.Tensor, x: torch.Tensor, u: torch.Tensor, g: torch.Tensor, need_x: bool):
+    q, x, u = (t.double().requires_grad_(r) for t, r in ((q, True), (x, need_x), (u, True)))
+    s = torch.cat([x, u, torch.zeros(*x.shape[:2], 16 - x.shape[-1] - u.shape[-1], dtype=F64)], -1)
+    o = torch.softmax(q @ s.mT, -1) @ s
+    o.backward(g.double())
+    return o.detach(), q.grad, u.grad, x.grad
+
+
+@pytest.mark.parametrize(("B", "M", "n"), [(3, 252, 125), (5, 13, 7), (2, 1, 1), (4, 6, 16), (7, 20, 9)])
+def test_native_kernel_matches_the_float64_head(B: int, M: int, n: int) -> None:
+    """``_kv_softmax.c`` (16-wide rows, any M and n, tails of the 6-row and 8-lane blocks): outputs and the q, u and x
+    gradients within float32 rounding of the float64 head; split over 1 or 3 threads, the same numbers."""
+    if fast.native() is None:
+        pytest.skip("the C kernel cannot be built here (no compiler or no AVX2); the torch code runs instead")
+    g = iclab.generator(B * 1000 + M + n)
+    q = torch.cat([torch.randn(B, M, 15, generator=g), torch.zeros(B, M, 1)], -1) * 0.7
+    x, u = torch.rand(B, n, 10, generator=g) * 2 - 1, torch.randn(B, n, 5, generator=g)
+    grad = torch.randn(B, M, 16, generator=g)
+    for need_x in (False, True):
+        qq, xx, uu = q.clone().requires_grad_(), x.clone().requires_grad_(need_x), u.clone().requires_grad_()
+        o = fast.shared_kv_softmax(qq, xx, uu)
+        o.backward(grad)
+        for got, ref in zip((o.detach(), qq.grad, uu.grad, xx.grad), _head64(q, x, u, grad, need_x), strict=True):
+            if ref is None:
+                assert got is None
+            elif ref.abs().max() > 0:
+                assert rel_diff(got.double(), ref) < 5e-6
+    s = torch.cat([x, u, torch.zeros(B, n, 1)], -1)
+    outs = []
+    for threads in (1, 3):
+        o, e, inv = torch.empty(B, M, 16), torch.empty(B, M, -(-n // 16) * 16), torch.empty(B, M)
+        fast._split(fast.native().kv_softmax_forward, B, M, n, q, s, e, inv, o, threads=threads)
+        outs.append((o, e, inv))
+    assert all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+    assert (outs[0][1][..., n:] == 0).all()  # the rows' padding
+
+
+def test_without_the_c_kernel_the_torch_code_runs(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """No compiler: ``native()`` is None and the model computes the same logits by the torch code."""
+    monkeypatch.setattr(fast, "_lib", False)
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("ICLAB_KERNEL_DIR", str(tmp_path))
+    assert fast.native() is None
+    cfg = CategoricalTransformerConfig(n_blocks=2, mode="free", kernel="softmax", init_std=0.3)
+    model = CategoricalTransformer(cfg, generator=iclab.generator(0))
+    ep = _episode(3, 30, 10, 25, seed=2, dtype=F32)
+    logits = model.predict(ep)
+    model.fast = False
+    assert rel_diff(logits, model.predict(ep)) < 1e-5
