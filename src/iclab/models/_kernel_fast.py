@@ -24,6 +24,7 @@ value pattern; docs/performance.md has the timings beside the authors' code.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch import Tensor
 from iclab.core.threads import map_on_threads
 
 CHUNK = 2048  # prompts per block: a (T, n, CHUNK) float32 score block is 1.7 MB at n = 14
+MIN_SPLIT = 256  # batches under 4 × this many prompts keep the given chunk
 
 
 def _scores(g: Tensor, xs: Tensor) -> Tensor:
@@ -103,15 +105,23 @@ class _Stack(torch.autograd.Function):
     then the backward chunk by chunk (:func:`_backward_chunk`)."""
 
     @staticmethod
-    def forward(ctx: Any, z0: Tensor, K: Tensor, A: Tensor, r: Tensor, meta: tuple[Any, ...]) -> Tensor:
+    def forward(
+        ctx: Any, x: Tensor, y: Tensor, xq: Tensor, K: Tensor, A: Tensor, r: Tensor, meta: tuple[Any, ...]
+    ) -> Tensor:
         n, acts, scale, cap, chunk, has_A = meta
         rs, A_ = r.tolist(), (A if has_A else None)
+        d = x.shape[-1]
 
         def run(s: int) -> tuple[Tensor, list[Tensor], Any, Any]:
-            z = z0[s : s + chunk].permute(2, 1, 0).contiguous()  # (D, T, b)
+            e = min(s + chunk, x.shape[0])
+            z = x.new_empty(d + 1, n + 1, e - s)  # (D, T, b): the prompt Z_0 (eq. 1), built batch-last
+            z[:d, :n] = x[s:e].permute(2, 1, 0)
+            z[d, :n] = y[s:e].T
+            z[:d, n] = xq[s:e].T
+            z[d, n] = 0.0  # the query's label slot
             return _forward_chunk(z, K, A_, rs, n, acts, scale, cap)
 
-        done = map_on_threads(run, range(0, z0.shape[0], chunk), z0.is_cuda)
+        done = map_on_threads(run, range(0, x.shape[0], chunk), x.is_cuda)
         ctx.meta, ctx.chunks = meta, [c[1:] for c in done]
         ctx.save_for_backward(K, A, r)
         return torch.cat([c[0] for c in done])
@@ -135,7 +145,7 @@ class _Stack(torch.autograd.Function):
         gK = torch.stack([p[0] for p in parts]).sum(0)
         gA = torch.stack([p[1] for p in parts]).sum(0) if has_A else None  # type: ignore[misc]
         gr = torch.stack([p[2] for p in parts]).sum(0)
-        return None, gK, gA, gr, None
+        return None, None, None, gK, gA, gr, None
 
 
 def _forward_chunk(
@@ -167,7 +177,7 @@ def _forward_chunk(
                 znew[d].add_(u, alpha=scale * rs[layer][h])
             else:
                 u = _mix(P, src)  # (D, Tt, b): Σ_i h̃_ji [x_i; y_i]
-                znew[:d].add_(_left(A[layer, h], u[:d]), alpha=scale)
+                znew[:d].view(d, -1).addmm_(A[layer, h], u[:d].view(d, -1), alpha=scale)
                 znew[d].add_(u[d], alpha=scale * rs[layer][h])
             Ps.append((P, u, g))
             Ms.append(mask)
@@ -222,7 +232,7 @@ def _backward_chunk(
                 gA[layer, h] += scale * _outer(gz[:d], u[:d])  # type: ignore[index]
                 gr[layer, h] += scale * torch.dot(gz[d].flatten(), u[d].flatten())
                 gu = torch.empty_like(u)
-                gu[:d] = _left(A[layer, h].T * scale, gz[:d])
+                torch.mm(A[layer, h].T * scale, gz[:d].reshape(d, -1), out=gu[:d].view(d, -1))
                 torch.mul(gz[d], scale * r_lh, out=gu[d])
                 gP = _scores(gu, src)  # (Tt, n, b) = Σ_c gu[c, j] v[c, i]: the adjoint of _mix in P
                 rowdot = (gu * u).sum(0)
@@ -233,13 +243,15 @@ def _backward_chunk(
             gK[layer, h] += _outer(tgt[:d], gg)
             if gin is not None and A is not None:  # covariate adjoints (A ≡ 0: covariates are data)
                 _mix_t(gS, g, gin[:d, :n])
-                gin[:d, T - Tt :] += _left(k_lh, gg)
+                gin[:d, T - Tt :].view(d, -1).addmm_(k_lh, gg.view(d, -1))  # the target side of g = Kᵀx
         if gin is not None:
             gz = gin
 
 
 def kernel_stack(
-    z0: Tensor,
+    x: Tensor,
+    y: Tensor,
+    x_query: Tensor,
     K: Tensor,
     A: Tensor | None,
     r: Tensor,
@@ -250,11 +262,18 @@ def kernel_stack(
     logit_cap: float | None,
     chunk: int = CHUNK,
 ) -> Tensor:
-    """The query's label slot of z_L, (B,), from the prompt z_0 (B, n+1, D).
+    """The query's label slot of z_L, (B,), from the prompt Z_0 of covariates ``x`` (B, n, d), labels ``y`` (B, n) and
+    the query ``x_query`` (B, d) (the label slot 0).
 
     ``K`` (L, H, d, d) = C_ℓ,hᵀ B_ℓ,h / σ², ``A`` (L, H, d, d) or None for A ≡ 0, ``r`` (L, H); ``scale`` the
     1/n factor (or 1); ``logit_cap`` the exp heads' cap (exp(min(S, cap))). Differentiable in K, A and r.
     """
+    B = x.shape[0]
+    if not x.is_cuda and B >= 4 * MIN_SPLIT:
+        # a multiple of 4 chunks of at most ``chunk`` prompts: even work on 1, 2 or 4 threads, and a split (hence the
+        # gradient's rounding) that does not depend on the thread count
+        parts = math.ceil(math.ceil(B / chunk) / 4) * 4
+        chunk = math.ceil(B / parts)
     meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None)
     A_arg = A if A is not None else K.new_zeros(0)
-    return _Stack.apply(z0, K, A_arg, r, meta)
+    return _Stack.apply(x, y, x_query, K, A_arg, r, meta)

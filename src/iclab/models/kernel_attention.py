@@ -304,15 +304,16 @@ class KernelTransformer(AttentionStack):
         ):
             return super().forward(episode)
         self._check(episode)
-        x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, T, d)
-        y = nn.functional.pad(episode.y, (0, 1))  # (B, T): the query's label slot is 0
-        z0 = torch.cat([x, y.unsqueeze(-1)], dim=-1)  # (B, T, D)
         # (L, H, d, d) K = CᵀB (/σ² for exp and softmax heads): scores (C x_j)ᵀ(B x_i) = (Kᵀx_j)ᵀx_i
-        bw = torch.tensor([cfg.sigma**-2 if a in ("exp", "softmax") else 1.0 for a in cfg.activations], dtype=z0.dtype)
-        K = self.BtC.transpose(-1, -2) * bw.to(z0.device)[:, None, None]
+        bw = torch.tensor(
+            [cfg.sigma**-2 if a in ("exp", "softmax") else 1.0 for a in cfg.activations], dtype=episode.dtype
+        )
+        K = self.BtC.transpose(-1, -2) * bw.to(episode.device)[:, None, None]
         A = self.A if cfg.value == "sparse" else None
         label = kernel_stack(
-            z0,
+            episode.x,
+            episode.y,
+            episode.x_query,
             K,
             A,
             self.r,
@@ -320,7 +321,7 @@ class KernelTransformer(AttentionStack):
             activations=cfg.activations,
             scale=1.0 / episode.n if cfg.divide_by_n else 1.0,
             logit_cap=cfg.exp_logit_cap,
-            chunk=z0.shape[0] if z0.is_cuda else self.fast_chunk,
+            chunk=episode.batch_size if episode.device.type == "cuda" else self.fast_chunk,
         )
         return self._read_label(label)
 
