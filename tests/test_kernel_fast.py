@@ -3,20 +3,35 @@
 Cheng, Chen, Sra 2024 eq. (2)-(5), (26): for every h̃, both value patterns of the experiments (V = [[A, 0], [0, r]]
 with A free, Asm. 4.4, and A ≡ 0, Thm 4.5), 1 and 3 layers, several heads, σ ≠ 1, the 1/n factor and the exp cap:
 the prediction and every parameter gradient agree with :meth:`KernelTransformer.forward_tokens` to 1e-10
-relative in float64, over several chunks with a ragged last one. Also: the same bits on 1 and 2 threads, the
-token path where the fused one does not apply, and the fallback under torch.func.vmap.
+relative in float64, over several chunks with a ragged last one, both for the torch code of the pass and for its C
+kernel (``_kernel_attn.c``, float64 instance). Also: the C kernel's float32 instance within float32 rounding of the
+float64 pass, kept and replayed weights giving the same bits, the same bits on 1 and 2 threads, the token path where
+the fused one does not apply, the torch code where no C kernel can be built, and the fallback under torch.func.vmap.
 """
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
+from iclab.core import native as native_kernels
 from iclab.core.seeding import generator
 from iclab.models import KernelTransformer, KernelTransformerConfig, _kernel_fast
 from iclab.tasks.gaussian_process import GaussianProcess
 
 CASES = [("softmax",), ("exp",), ("relu",), ("linear", "relu"), ("softmax", "exp")]
+PATHS = ["native", "torch"]
+
+
+@pytest.fixture(params=PATHS)
+def path(request, monkeypatch) -> str:
+    """Run a test by the C kernel (skipped where it cannot be built) or by the torch code of the fused pass."""
+    if request.param == "native" and _kernel_fast.native() is None:
+        pytest.skip("the C kernel cannot be built here (no compiler or no AVX2); the torch code runs instead")
+    monkeypatch.setattr(_kernel_fast, "NATIVE", request.param == "native")
+    return request.param
 
 
 def _episode(batch: int = 53, n: int = 6, seed: int = 2):
@@ -45,7 +60,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("value", ["sparse", "label"])
 @pytest.mark.parametrize("L", [1, 3])
 @pytest.mark.parametrize("seed", [1, 7])
-def test_fused_pass_equals_token_pass_values_and_gradients(acts, value, L, seed):
+def test_fused_pass_equals_token_pass_values_and_gradients(acts, value, L, seed, path):
     model = _model(acts, value, L, seed=seed, sigma=1.3, divide_by_n=seed == 1, exp_logit_cap=1.5)
     model.fast_chunk = 16  # 53 prompts: four blocks, the last ragged
     ep = _episode(seed=seed + 1)
@@ -67,7 +82,7 @@ def test_exp_cap_is_active_in_the_exactness_cases():
     assert float(S.max()) > 1.5
 
 
-def test_same_bits_on_one_and_two_threads():
+def test_same_bits_on_one_and_two_threads(path):
     model = _model(("softmax",), "sparse", 3)
     model.fast_chunk = 8
     ep = _episode(batch=40)
@@ -103,3 +118,64 @@ def test_vmap_falls_back_to_the_token_pass():
     out = torch.func.vmap(lambda p: torch.func.functional_call(model, p, (ep,)))(params)
     model.fast = False
     assert torch.allclose(out[0], model.forward_tokens(ep), atol=1e-12)
+
+
+def test_the_c_kernel_is_built_where_a_compiler_is() -> None:
+    """Not a silent fallback: with cc and an AVX2 CPU (as on the CI machines) the kernel builds and is used."""
+    if shutil.which("cc") is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):
+        pytest.skip("no C compiler or no AVX2 here")
+    assert _kernel_fast.native() is not None
+    assert _kernel_fast._uses_native(torch.zeros(4, 6, 5), 6)
+    assert not _kernel_fast._uses_native(torch.zeros(4, 6, 33), 6)  # d over the kernel's limit: the torch code
+
+
+@pytest.mark.parametrize("acts", CASES, ids=["-".join(c) for c in CASES])
+@pytest.mark.parametrize("value", ["sparse", "label"])
+def test_c_kernel_float32_is_as_accurate_as_the_torch_float32_pass(acts, value, monkeypatch):
+    """The float32 instance (8 lanes, 61 prompts: a ragged last group) against the float64 token pass: its error is
+    at most 5x that of the torch code's float32 pass (itself ~1e-3 for relu: this model's gradients are ill-conditioned
+    in float32; ~1e-6 for softmax), with a floor of 1e-5."""
+    if _kernel_fast.native() is None:
+        pytest.skip("the C kernel cannot be built here")
+    model = _model(acts, value, 3, sigma=1.3, exp_logit_cap=1.5)
+    ep = _episode(batch=61, n=9)
+    y64, g64 = _value_and_grads(model, ep, False)
+    model.float()
+    errors = []
+    for native in (True, False):
+        monkeypatch.setattr(_kernel_fast, "NATIVE", native)
+        y32, g32 = _value_and_grads(model, ep.to(dtype=torch.float32), True)
+        errors.append({"y": _rel(y32.double(), y64)} | {k: _rel(g32[k].double(), g64[k]) for k in g64})
+    ours, torch_code = errors
+    for name, err in ours.items():
+        assert err <= max(5 * torch_code[name], 1e-5), (name, err, torch_code[name])
+
+
+@pytest.mark.parametrize("value", ["sparse", "label"])
+def test_kept_and_replayed_weights_give_the_same_bits(value, monkeypatch):
+    """ka_backward from the weights ka_forward kept, or replaying the whole forward: the same numbers."""
+    if _kernel_fast.native() is None:
+        pytest.skip("the C kernel cannot be built here")
+    monkeypatch.setattr(_kernel_fast, "NATIVE", True)
+    model = _model(("softmax", "exp"), value, 3, exp_logit_cap=1.5)
+    ep = _episode(batch=37)
+    runs = []
+    for keep in (True, False):
+        monkeypatch.setattr(_kernel_fast, "KEEP", keep)
+        runs.append(_value_and_grads(model, ep, True))
+    (y1, g1), (y2, g2) = runs
+    assert torch.equal(y1, y2)
+    assert all(torch.equal(g1[k], g2[k]) for k in g1)
+
+
+def test_without_a_compiler_the_torch_code_runs(monkeypatch, tmp_path):
+    monkeypatch.setattr(native_kernels, "_loaded", {})
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("ICLAB_KERNEL_DIR", str(tmp_path))
+    assert _kernel_fast.native() is None
+    model = _model(("softmax",), "sparse", 2)
+    ep = _episode(batch=9)
+    y, g = _value_and_grads(model, ep, True)
+    y_tok, g_tok = _value_and_grads(model, ep, False)
+    assert _rel(y, y_tok) < 1e-10
+    assert all(_rel(g[k], g_tok[k]) < 1e-10 for k in g)

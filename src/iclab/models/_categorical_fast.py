@@ -28,16 +28,12 @@ docs/performance.md.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from iclab.core import native as native_kernels
 from iclab.core.threads import map_on_threads
 
 #: contexts per thread in one chunk of :class:`_SharedKVSoftmax`: a chunk's (c, M, n) scores stay in L2 (measured:
@@ -50,46 +46,16 @@ ALIGN = 8
 
 
 #: run :class:`_SharedKVSoftmax` on float32 CPU tensors 16 wide by the fused C kernel ``_kv_softmax.c`` where it can
-#: be built (a C compiler, AVX2 + FMA); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
-NATIVE = os.environ.get("ICLAB_NATIVE", "1") != "0"
+#: be built (:mod:`iclab.core.native`); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
+NATIVE = native_kernels.ENABLED
 _SOURCE = Path(__file__).with_name("_kv_softmax.c")
-_FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
-_lib: ctypes.CDLL | bool | None = False  # False: not built yet
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {"kv_softmax_forward": ([_I] * 4 + [_P] * 5, _I), "kv_softmax_backward": ([_I] * 6 + [_P] * 7, _I)}
 
 
 def native() -> ctypes.CDLL | None:
-    """The compiled ``_kv_softmax.c``, built once per source version into ``$ICLAB_KERNEL_DIR`` (default
-    ``~/.cache/iclab/kernels``); None where it cannot be (no AVX2, no compiler, a failed build)."""
-    global _lib
-    if _lib is False:
-        _lib = _build()
-    return _lib  # type: ignore[return-value]
-
-
-def _build() -> ctypes.CDLL | None:
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):  # AVX2 + FMA
-        return None
-    try:
-        tag = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "iclab" / "kernels"
-        folder = Path(os.environ.get("ICLAB_KERNEL_DIR", cache))
-        target = folder / f"kv_softmax-{tag}.so"
-        if not target.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:  # build aside, then one atomic rename
-                built = Path(tmp) / target.name
-                subprocess.run([cc, *_FLAGS, "-o", str(built), str(_SOURCE)], check=True, capture_output=True,
-                               timeout=120)  # fmt: skip
-                os.replace(built, target)
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.SubprocessError):
-        return None
-    ptr, i32 = ctypes.c_void_p, ctypes.c_int
-    lib.kv_softmax_forward.argtypes = [i32] * 4 + [ptr] * 5
-    lib.kv_softmax_backward.argtypes = [i32] * 6 + [ptr] * 7
-    lib.kv_softmax_forward.restype = lib.kv_softmax_backward.restype = i32
-    return lib
+    """The compiled ``_kv_softmax.c`` (:func:`iclab.core.native.load`); None where it cannot be built."""
+    return native_kernels.load(_SOURCE, _SIGNATURES)
 
 
 def _uses_native(q: Tensor) -> bool:

@@ -11,11 +11,15 @@ at a few GFLOP/s. Here the prompt is kept batch-last, z (D, T, B), and each cont
 multiply-adds over contiguous batch vectors ((T, n, b) score blocks, (D, T, b) token blocks), run over
 chunks of ``CHUNK`` prompts so that a layer's blocks stay in cache between the operations that use them.
 
-:class:`_KernelStack` is one autograd node for the whole L-layer pass with a hand-written backward:
+:class:`_Stack` is one autograd node for the whole L-layer pass with a hand-written backward:
 it keeps each layer's tokens (D, T, B) and weights h̃(S) (T, n, B), and nothing else. What the
 backward skips: the gradient of the input prompt (data) and, with A ≡ 0, every covariate gradient
 (the covariate rows never change, so only the label row's adjoint is needed). The last layer updates
 only the query (nothing else is read out), so its score block is (1, n, b).
+
+Where a C compiler and AVX2 are there, the same pass runs as C (:class:`_NativeStack`, ``_kernel_attn.c``, float32
+and float64): 8 (4) prompts in the lanes of a vector, each target row's scores, weights and adjoints in registers,
+built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or :data:`NATIVE` = False: the torch code).
 
 Exactness: ``tests/test_kernel_fast.py`` checks values and every parameter gradient against the
 token-level evaluation (:meth:`KernelTransformer.forward_tokens`) in float64 to 1e-10, for each h̃ and
@@ -24,16 +28,43 @@ value pattern; docs/performance.md has the timings beside the authors' code.
 
 from __future__ import annotations
 
+import ctypes
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from iclab.core import native as native_kernels
 from iclab.core.threads import map_on_threads
 
 CHUNK = 2048  # prompts per block: a (T, n, CHUNK) float32 score block is 1.7 MB at n = 14
 MIN_SPLIT = 256  # batches under 4 × this many prompts keep the given chunk
+
+#: run float32 CPU passes by the C kernel ``_kernel_attn.c`` (:class:`_NativeStack`) where it can be built
+#: (:mod:`iclab.core.native`); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
+NATIVE = native_kernels.ENABLED
+#: ka_forward keeps every group's weights h̃(S) for the backward (4 bytes × (2 (n+1) n + n) per prompt and head at L = 3
+#: in float32); False: the backward replays the whole forward per group instead (no memory, the exps twice)
+KEEP = False
+ACT_CODES = {"linear": 0, "relu": 1, "exp": 2, "softmax": 3}
+_SOURCE = Path(__file__).with_name("_kernel_attn.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {
+    f"{fn}_{tag}": sig
+    for tag, R in (("f32", ctypes.c_float), ("f64", ctypes.c_double))
+    for fn, sig in (
+        ("ka_kept", ([_I] * 5, ctypes.c_long)),
+        ("ka_forward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I)),
+        ("ka_backward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 8, _I)),
+    )
+}
+
+
+def native() -> ctypes.CDLL | None:
+    """The compiled ``_kernel_attn.c`` (:func:`iclab.core.native.load`); None where it cannot be built."""
+    return native_kernels.load(_SOURCE, _SIGNATURES)
 
 
 def _scores(g: Tensor, xs: Tensor) -> Tensor:
@@ -248,6 +279,76 @@ def _backward_chunk(
             gz = gin
 
 
+class _NativeStack(torch.autograd.Function):
+    """:class:`_Stack` by the C kernel ``_kernel_attn.c`` (float32, CPU): 8 prompts per AVX2 vector, each target
+    row's scores, weights and adjoints in registers; only z_ℓ, h̃(S) and u are kept for the backward. The batch is
+    split into the parts :func:`kernel_stack` chooses, one C call per part with its own gradient sums, added in
+    order: the same numbers on any thread count."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: Tensor, y: Tensor, xq: Tensor, K: Tensor, A: Tensor, r: Tensor, meta: tuple[Any, ...]
+    ) -> Tensor:
+        n, acts, scale, cap, chunk, has_A = meta
+        lib = native()
+        x, y, xq = x.contiguous(), y.contiguous(), xq.contiguous()
+        K, A, r = K.detach().contiguous(), A.detach().contiguous(), r.detach().contiguous()
+        L, H, d = K.shape[:3]
+        codes = torch.tensor([ACT_CODES[a] for a in acts], dtype=torch.int32)
+        tag = "f32" if x.dtype == torch.float32 else "f64"
+        forward, kept = getattr(lib, f"ka_forward_{tag}"), getattr(lib, f"ka_kept_{tag}")
+        bounds = [(s, min(s + chunk, x.shape[0])) for s in range(0, x.shape[0], chunk)]
+        out = x.new_empty(x.shape[0])
+        states = [x.new_empty(kept(e - s, L, H, d, n)) if KEEP else None for s, e in bounds]
+        common = (L, H, d, n, codes.data_ptr(), K.data_ptr(), A.data_ptr() if has_A else None, r.data_ptr(),
+                  scale, cap is not None, 0.0 if cap is None else cap)  # fmt: skip
+
+        def run(p: int) -> int:
+            s, e = bounds[p]
+            data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr())
+            return forward(e - s, *common, *data, out[s:e].data_ptr(), _ptr(states[p]))
+
+        _check(map_on_threads(run, range(len(bounds))))
+        ctx.meta, ctx.states, ctx.bounds, ctx.common, ctx.codes, ctx.tag = meta, states, bounds, common, codes, tag
+        ctx.save_for_backward(x, y, xq, K, A, r)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        x, y, xq, K, A, r = ctx.saved_tensors
+        has_A = ctx.meta[-1]
+        backward, grad = getattr(native(), f"ka_backward_{ctx.tag}"), grad.contiguous()
+        bounds, common = ctx.bounds, ctx.common
+
+        def run(p: int) -> tuple[Tensor, Tensor, Tensor]:
+            s, e = bounds[p]
+            gK, gA, gr = torch.zeros_like(K), torch.zeros_like(A), torch.zeros_like(r)
+            data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr())
+            code = backward(e - s, *common, *data, _ptr(ctx.states[p]), grad[s:e].data_ptr(),
+                                   gK.data_ptr(), gA.data_ptr() if has_A else None, gr.data_ptr())  # fmt: skip
+            _check([code])
+            return gK, gA, gr
+
+        parts = map_on_threads(run, range(len(bounds)))
+        ctx.states = None
+        sums = [torch.stack(g).sum(0) for g in zip(*parts, strict=True)]
+        return None, None, None, sums[0], sums[1] if has_A else None, sums[2], None
+
+
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _check(codes: list[int]) -> None:
+    if any(codes):
+        raise MemoryError("_kernel_attn.c could not allocate its scratch buffers")
+
+
+def _uses_native(x: Tensor, n: int) -> bool:
+    ok = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu" and x.shape[-1] <= 32 and n <= 256
+    return NATIVE and ok and native() is not None
+
+
 def kernel_stack(
     x: Tensor,
     y: Tensor,
@@ -276,4 +377,5 @@ def kernel_stack(
         chunk = math.ceil(B / parts)
     meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None)
     A_arg = A if A is not None else K.new_zeros(0)
-    return _Stack.apply(x, y, x_query, K, A_arg, r, meta)
+    node = _NativeStack if _uses_native(x, n) else _Stack
+    return node.apply(x, y, x_query, K, A_arg, r, meta)

@@ -7,7 +7,7 @@
    weights e_ij = exp(q_jᵀ s_i − max_i) in rows of np = n rounded up to 16 (zeros beyond n; streamed to memory past
    the caches) and 1 / Σ_i e_ij per row, for the backward (P = e / Σ e). Per block of 6 query rows, scores, softmax
    and products stay in L1 (no (M, n) temporaries). Denormals are flushed to zero inside the calls (values below
-   1.2e-38, far under float32 rounding of the outputs). Built by _categorical_fast.native() with cc -O3 -mavx2 -mfma;
+   1.2e-38, far under float32 rounding of the outputs). Built by iclab.core.native.load() with cc -O3 -mavx2 -mfma;
    torch code computes the same where it is absent. */
 #include <immintrin.h>
 #include <math.h>

@@ -1,0 +1,60 @@
+"""Optional C kernels: built once with the system C compiler on first use, loaded by ctypes, else None.
+
+A kernel is one C source file shipped in the package (``package-data``: ``*.c``). :func:`load` compiles it with
+``cc -O3 -mavx2 -mfma`` into ``$ICLAB_KERNEL_DIR`` (default ``~/.cache/iclab/kernels``), under a name that carries a
+hash of the source and the flags, so an edited source is rebuilt and concurrent builds never see a half-written
+file (each builds aside, then renames atomically). It returns None, and the caller runs its torch code, where there
+is no compiler, the CPU lacks AVX2 + FMA, the build fails, or the environment sets ``ICLAB_NATIVE=0``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+#: False where the environment sets ``ICLAB_NATIVE=0``: every kernel then runs its torch code
+ENABLED = os.environ.get("ICLAB_NATIVE", "1") != "0"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
+
+_loaded: dict[Path, ctypes.CDLL | None] = {}
+
+
+def load(source: Path, signatures: dict[str, tuple[list[type], type]]) -> ctypes.CDLL | None:
+    """The compiled ``source`` with each function's ``(argtypes, restype)`` set, or None where it cannot be built.
+    Built at most once per process and source."""
+    if source not in _loaded:
+        lib = _build(source)
+        if lib is not None:
+            for name, (args, res) in signatures.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = args, res
+        _loaded[source] = lib
+    return _loaded[source]
+
+
+def _build(source: Path) -> ctypes.CDLL | None:
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):  # AVX2 + FMA
+        return None
+    try:
+        tag = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "iclab" / "kernels"
+        folder = Path(os.environ.get("ICLAB_KERNEL_DIR", cache))
+        target = folder / f"{source.stem.lstrip('_')}-{tag}.so"
+        if not target.exists():
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:  # build aside, then one atomic rename
+                built = Path(tmp) / target.name
+                subprocess.run([cc, *FLAGS, "-o", str(built), str(source)], check=True, capture_output=True,
+                               timeout=120)  # fmt: skip
+                os.replace(built, target)
+        return ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError):
+        return None

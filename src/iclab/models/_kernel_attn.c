@@ -1,0 +1,450 @@
+/* The L-layer kernel-attention stack of Cheng, Chen, Sra 2024 (eq. (2)-(5), (26)) with its backward, W prompts at a
+   time in the lanes of AVX2 vectors: iclab.models._kernel_fast runs it where it can be built, and computes the same
+   numbers by torch code elsewhere.
+
+   Prompt b holds tokens z_t = (x_t, y_t), t < n, and the query z_n = (x_q, 0); D = d + 1, T = n + 1. Layer l, head h:
+       Δz_j = s Σ_{i<n} h̃(S_ji) [A x_i; r y_i],   S_ji = g_jᵀ x_i,   g_j = Kᵀ x_j,
+   with K = K[l, h] (d x d, row-major [c][a]), A = A[l, h] (A == NULL: A ≡ 0, only the label row moves), r = r[l, h],
+   s = scale, h̃ by acts[h]: 0 linear, 1 relu, 2 exp (exp(min(S, cap)) when has_cap), 3 softmax over the n sources.
+   The last layer updates the query only. The output is the query's label slot of z_L.
+
+   Each target row's scores, weights, mix and adjoints stay in registers and L1; a group's z_l, weights P and mixes
+   U = Σ_i P_ji z_i live in one scratch buffer. ka_forward_* can keep the weights P of every group (ka_kept_*: that
+   many reals), so that ka_backward_* replays only the products (z_l, U) before the backward; without them it replays
+   the whole forward. The backward adds dL/dK, dL/dA, dL/dr for dL/d(out) = gout into gK, gA, gr: sums in lanes, then
+   over lanes in a fixed order, so the result depends on the caller's split of the batch, not on its threads.
+
+   The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
+   _f64). exp is the Cephes polynomial (f32) and rational (f64) approximation, ~1 ulp; below the smallest normal
+   result it is 0 (denormals are flushed to zero inside the calls). Built by iclab.core.native.load() with
+   cc -O3 -mavx2 -mfma. */
+#ifndef KA_REAL
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { LINEAR = 0, RELU = 1, EXP = 2, SOFTMAX = 3 };
+enum { DMAX = 32, NMAX = 256 };
+
+#define KA_REAL 32
+#include __FILE__
+#undef KA_REAL
+#define KA_REAL 64
+#include __FILE__
+
+#else /* one instance of the kernel for the real type of KA_REAL */
+
+#undef real
+#undef V
+#undef W
+#undef NAME
+#undef LD
+#undef LOADU
+#undef STOREU
+#undef SET1
+#undef ADD
+#undef SUB
+#undef MUL
+#undef DIV
+#undef FMA
+#undef MAX
+#undef MIN
+#undef AND
+#undef LT
+#undef GT
+#undef ZERO
+#if KA_REAL == 32
+#define real float
+#define V __m256
+#define W 8
+#define NAME(f) f##_f32
+#define LD(p) _mm256_load_ps((const float *)(p))
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define SET1 _mm256_set1_ps
+#define ADD _mm256_add_ps
+#define SUB _mm256_sub_ps
+#define MUL _mm256_mul_ps
+#define DIV _mm256_div_ps
+#define FMA _mm256_fmadd_ps
+#define MAX _mm256_max_ps
+#define MIN _mm256_min_ps
+#define AND _mm256_and_ps
+#define LT(a, b) _mm256_cmp_ps(a, b, _CMP_LT_OQ)
+#define GT(a, b) _mm256_cmp_ps(a, b, _CMP_GT_OQ)
+#define ZERO _mm256_setzero_ps()
+
+static inline V NAME(exp_v)(V x) {
+    const V lo = SET1(-87.33654f), hi = SET1(88.72283f);
+    V under = LT(x, lo), over = GT(x, hi);
+    x = MIN(MAX(x, lo), hi);
+    V k = _mm256_round_ps(MUL(x, SET1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    k = MIN(k, SET1(127.0f));
+    x = _mm256_fnmadd_ps(k, SET1(0.693359375f), x);
+    x = _mm256_fnmadd_ps(k, SET1(-2.12194440e-4f), x);
+    V y = SET1(1.9875691500E-4f);
+    y = FMA(y, x, SET1(1.3981999507E-3f));
+    y = FMA(y, x, SET1(8.3334519073E-3f));
+    y = FMA(y, x, SET1(4.1665795894E-2f));
+    y = FMA(y, x, SET1(1.6666665459E-1f));
+    y = FMA(y, x, SET1(5.0000001201E-1f));
+    y = FMA(y, MUL(x, x), ADD(x, SET1(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    y = _mm256_andnot_ps(under, MUL(y, _mm256_castsi256_ps(e)));
+    return _mm256_blendv_ps(y, SET1(__builtin_inff()), over);
+}
+#else
+#define real double
+#define V __m256d
+#define W 4
+#define NAME(f) f##_f64
+#define LD(p) _mm256_load_pd((const double *)(p))
+#define LOADU _mm256_loadu_pd
+#define STOREU _mm256_storeu_pd
+#define SET1 _mm256_set1_pd
+#define ADD _mm256_add_pd
+#define SUB _mm256_sub_pd
+#define MUL _mm256_mul_pd
+#define DIV _mm256_div_pd
+#define FMA _mm256_fmadd_pd
+#define MAX _mm256_max_pd
+#define MIN _mm256_min_pd
+#define AND _mm256_and_pd
+#define LT(a, b) _mm256_cmp_pd(a, b, _CMP_LT_OQ)
+#define GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
+#define ZERO _mm256_setzero_pd()
+
+static inline V NAME(exp_v)(V x) {
+    const V lo = SET1(-708.3964185322641), hi = SET1(709.782712893384);
+    V under = LT(x, lo), over = GT(x, hi);
+    x = MIN(MAX(x, lo), hi);
+    V k = _mm256_round_pd(MUL(x, SET1(1.4426950408889634073599)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    k = MIN(k, SET1(1023.0));
+    x = _mm256_fnmadd_pd(k, SET1(6.93145751953125E-1), x);
+    x = _mm256_fnmadd_pd(k, SET1(1.42860682030941723212E-6), x);
+    V xx = MUL(x, x);
+    V px = FMA(FMA(SET1(1.26177193074810590878E-4), xx, SET1(3.02994407707441961300E-2)), xx,
+               SET1(9.99999999999999999910E-1));
+    px = MUL(px, x);
+    V qx = FMA(FMA(FMA(SET1(3.00198505138664455042E-6), xx, SET1(2.52448340349684104192E-3)), xx,
+                   SET1(2.27265548208155028766E-1)), xx, SET1(2.00000000000000000009E0));
+    V y = FMA(SET1(2.0), DIV(px, SUB(qx, px)), SET1(1.0));
+    /* 2^k: k + 1.5 * 2^52 holds k in its low mantissa bits; (k + 1023) << 52 is the exponent field */
+    __m256i kb = _mm256_castpd_si256(ADD(k, SET1(6755399441055744.0)));
+    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(kb, _mm256_set1_epi64x(1023)), 52);
+    y = _mm256_andnot_pd(under, MUL(y, _mm256_castsi256_pd(e)));
+    return _mm256_blendv_pd(y, SET1(__builtin_inf()), over);
+}
+#endif
+
+typedef struct {
+    int L, H, d, n, T, D, has_cap;
+    const int *acts;
+    const real *K, *A, *r;
+    real scale, cap;
+} NAME(Spec);
+#define Spec NAME(Spec)
+
+static int NAME(rows_of)(const Spec *s, int l) { return l == s->L - 1 ? 1 : s->T; }
+
+/* vectors of a group's scratch: per layer z_l (l >= 1), then per head P (Tt x n) and U (D x Tt) */
+static long NAME(scratch_vectors)(const Spec *s) {
+    long v = 0;
+    for (int l = 0; l < s->L; l++) {
+        int Tt = NAME(rows_of)(s, l);
+        if (l > 0) v += (long)s->D * s->T;
+        v += (long)s->H * ((long)Tt * s->n + (long)s->D * Tt);
+    }
+    return v;
+}
+
+/* vectors kept per group between the calls: per layer and head P (Tt x n) */
+static long NAME(kept_vectors)(const Spec *s) {
+    long v = 0;
+    for (int l = 0; l < s->L; l++) v += (long)s->H * NAME(rows_of)(s, l) * s->n;
+    return v;
+}
+
+/* the weights P of a group, from its scratch into `kept` (to = 0) or back (to = 1) */
+static void NAME(copy_kept)(const Spec *s, V *full, V *kept, int to) {
+    for (int l = 0; l < s->L; l++) {
+        int Tt = NAME(rows_of)(s, l);
+        if (l > 0) full += (long)s->D * s->T;
+        for (int h = 0; h < s->H; h++) {
+            long np = (long)Tt * s->n;
+            memcpy(to ? full : kept, to ? kept : full, sizeof(V) * np);
+            full += np + (long)s->D * Tt, kept += np;
+        }
+    }
+}
+
+/* where layer l's heads and z_l (l >= 1) start in a group's scratch */
+static void NAME(offsets)(const Spec *s, long *heads, long *zs) {
+    long v = 0;
+    for (int l = 0; l < s->L; l++) {
+        int Tt = NAME(rows_of)(s, l);
+        if (l > 0) zs[l] = v, v += (long)s->D * s->T;
+        heads[l] = v;
+        v += (long)s->H * ((long)Tt * s->n + (long)s->D * Tt);
+    }
+}
+
+/* z_0 of prompts b0 … b0 + nb - 1 (lanes past nb are 0) as D x T vectors */
+static void NAME(gather)(const Spec *s, const real *x, const real *y, const real *xq, long b0, int nb, V *z) {
+    int d = s->d, n = s->n, T = s->T;
+    real *f = (real *)z;
+    memset(z, 0, sizeof(V) * s->D * T);
+    for (int w = 0; w < nb; w++) {
+        const real *xb = x + (b0 + w) * n * d, *yb = y + (b0 + w) * n, *qb = xq + (b0 + w) * d;
+        for (int t = 0; t < n; t++) {
+            for (int c = 0; c < d; c++) f[((long)c * T + t) * W + w] = xb[t * d + c];
+            f[((long)d * T + t) * W + w] = yb[t];
+        }
+        for (int c = 0; c < d; c++) f[((long)c * T + n) * W + w] = qb[c];
+    }
+}
+
+/* g = Kᵀ x_j (d) */
+static inline void NAME(key_of)(const Spec *s, const real *K, const V *z, int j, V *g) {
+    int d = s->d, T = s->T;
+    for (int a = 0; a < d; a++) g[a] = ZERO;
+    for (int c = 0; c < d; c++) {
+        V xc = LD(z + c * T + j);
+        for (int a = 0; a < d; a++) g[a] = FMA(SET1(K[c * d + a]), xc, g[a]);
+    }
+}
+
+/* P (n) = h̃(S_j·): the weights of target j's sources */
+static inline void NAME(weights)(const Spec *s, int act, const V *g, const V *z, V *P) {
+    int d = s->d, n = s->n, T = s->T;
+    for (int i = 0; i < n; i++) {
+        V acc = MUL(g[0], LD(z + i));
+        for (int a = 1; a < d; a++) acc = FMA(g[a], LD(z + a * T + i), acc);
+        P[i] = acc;
+    }
+    if (act == SOFTMAX) {
+        V m = P[0], sum = ZERO;
+        for (int i = 1; i < n; i++) m = MAX(m, P[i]);
+        for (int i = 0; i < n; i++) sum = ADD(sum, P[i] = NAME(exp_v)(SUB(P[i], m)));
+        V inv = DIV(SET1(1.0), sum);
+        for (int i = 0; i < n; i++) P[i] = MUL(P[i], inv);
+    } else if (act == EXP) {
+        V cap = SET1(s->cap);
+        for (int i = 0; i < n; i++) P[i] = NAME(exp_v)(s->has_cap ? MIN(P[i], cap) : P[i]);
+    } else if (act == RELU) {
+        for (int i = 0; i < n; i++) P[i] = MAX(P[i], ZERO);
+    }
+}
+
+/* a group through every layer: P (unless have_P: already in the scratch st), U and z_{l+1} into st; z_L in zn */
+static void NAME(forward_group)(const Spec *s, const V *z, V *zn, V *st, int have_P) {
+    int L = s->L, H = s->H, d = s->d, D = s->D, T = s->T, n = s->n;
+    V g[DMAX], u[DMAX + 1];
+    for (int l = 0; l < L; l++) {
+        int Tt = NAME(rows_of)(s, l);
+        memcpy(zn, z, sizeof(V) * D * T);
+        for (int h = 0; h < H; h++) {
+            const real *K = s->K + (long)(l * H + h) * d * d;
+            const real *A = s->A ? s->A + (long)(l * H + h) * d * d : NULL;
+            V rs = SET1(s->r[l * H + h] * s->scale), scale = SET1(s->scale);
+            V *P = st, *U = st + (long)Tt * n;
+            st += (long)Tt * n + (long)D * Tt;
+            int c0 = A ? 0 : d;
+            for (int jj = 0; jj < Tt; jj++) {
+                int j = T - Tt + jj;
+                V *Pj = P + (long)jj * n;
+                if (!have_P) NAME(key_of)(s, K, z, j, g), NAME(weights)(s, s->acts[h], g, z, Pj);
+                for (int c = c0; c < D; c++) {
+                    V acc0 = MUL(Pj[0], LD(z + c * T)), acc1 = ZERO; /* two chains */
+                    int i = 1;
+                    for (; i + 1 < n; i += 2) {
+                        acc1 = FMA(Pj[i], LD(z + c * T + i), acc1);
+                        acc0 = FMA(Pj[i + 1], LD(z + c * T + i + 1), acc0);
+                    }
+                    if (i < n) acc1 = FMA(Pj[i], LD(z + c * T + i), acc1);
+                    U[c * Tt + jj] = u[c] = ADD(acc0, acc1);
+                }
+                zn[d * T + j] = FMA(rs, u[d], zn[d * T + j]);
+                if (A)
+                    for (int c = 0; c < d; c++) {
+                        V acc = ZERO;
+                        for (int e = 0; e < d; e++) acc = FMA(SET1(A[c * d + e]), u[e], acc);
+                        zn[c * T + j] = FMA(scale, acc, zn[c * T + j]);
+                    }
+            }
+        }
+        if (l + 1 < L) { /* z_{l+1} */
+            memcpy(st, zn, sizeof(V) * D * T);
+            z = st;
+            st += (long)D * T;
+        }
+    }
+}
+
+/* a group's adjoints from gz = dL/dz_L back to z_1, with the parameter gradients summed in accK, accA, accr */
+static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const long *heads, const long *zs, V *gz,
+                                 V *gin, V *accK, V *accA, V *accr) {
+    int L = s->L, H = s->H, d = s->d, D = s->D, T = s->T, n = s->n;
+    V g[DMAX], gu[DMAX + 1], gzj[DMAX + 1], gg[DMAX], gS[NMAX];
+    for (int l = L - 1; l >= 0; l--) {
+        int Tt = NAME(rows_of)(s, l), need_gin = l > 0; /* z_0 is data: it needs no adjoint */
+        const V *z = l == 0 ? z0 : st + zs[l];
+        if (need_gin) memcpy(gin, gz, sizeof(V) * D * T); /* the residual */
+        for (int h = 0; h < H; h++) {
+            int lh = l * H + h, act = s->acts[h];
+            const real *K = s->K + (long)lh * d * d, *A = s->A ? s->A + (long)lh * d * d : NULL;
+            V rs = SET1(s->r[lh] * s->scale), scale = SET1(s->scale), expcap = NAME(exp_v)(SET1(s->cap));
+            const V *P = st + heads[l] + (long)h * ((long)Tt * n + (long)D * Tt), *U = P + (long)Tt * n;
+            V *aK = accK + (long)lh * d * d, *aA = accA + (long)lh * d * d;
+            int c0 = A ? 0 : d;
+            for (int jj = 0; jj < Tt; jj++) {
+                int j = T - Tt + jj;
+                const V *Pj = P + (long)jj * n;
+                for (int c = c0; c < D; c++) gzj[c] = LD(gz + c * T + j);
+                gu[d] = MUL(rs, gzj[d]);
+                accr[lh] = FMA(gzj[d], U[d * Tt + jj], accr[lh]);
+                if (A) /* Δx_j = s A u_j: dA += s gz_j u_jᵀ, gu = s Aᵀ gz_j */
+                    for (int c = 0; c < d; c++) {
+                        V acc = ZERO, uc = U[c * Tt + jj];
+                        for (int e = 0; e < d; e++) {
+                            acc = FMA(SET1(A[e * d + c]), gzj[e], acc);
+                            aA[e * d + c] = FMA(gzj[e], uc, aA[e * d + c]);
+                        }
+                        gu[c] = MUL(scale, acc);
+                    }
+                V rowdot = ZERO; /* Σ_i P_ji dP_ji = Σ_c gu_c u_c (softmax) */
+                for (int c = c0; c < D; c++) rowdot = FMA(gu[c], U[c * Tt + jj], rowdot);
+                for (int i = 0; i < n; i++) {
+                    V acc = MUL(gu[c0], LD(z + c0 * T + i)), p = Pj[i]; /* dP_ji = gu · z_i */
+                    for (int c = c0 + 1; c < D; c++) acc = FMA(gu[c], LD(z + c * T + i), acc);
+                    if (act == SOFTMAX)
+                        acc = MUL(SUB(acc, rowdot), p);
+                    else if (act == EXP)
+                        acc = s->has_cap ? AND(MUL(acc, p), LT(p, expcap)) : MUL(acc, p);
+                    else if (act == RELU)
+                        acc = AND(acc, GT(p, ZERO));
+                    gS[i] = acc;
+                    if (need_gin)
+                        for (int c = c0; c < D; c++) gin[c * T + i] = FMA(p, gu[c], gin[c * T + i]);
+                }
+                for (int a = 0; a < d; a++) { /* gg = Σ_i dS_ji x_i: dK += x_j ggᵀ */
+                    V acc0 = MUL(gS[0], LD(z + a * T)), acc1 = ZERO;
+                    int i = 1;
+                    for (; i + 1 < n; i += 2) {
+                        acc1 = FMA(gS[i], LD(z + a * T + i), acc1);
+                        acc0 = FMA(gS[i + 1], LD(z + a * T + i + 1), acc0);
+                    }
+                    if (i < n) acc1 = FMA(gS[i], LD(z + a * T + i), acc1);
+                    gg[a] = ADD(acc0, acc1);
+                }
+                for (int c = 0; c < d; c++) {
+                    V xc = LD(z + c * T + j);
+                    for (int a = 0; a < d; a++) aK[c * d + a] = FMA(xc, gg[a], aK[c * d + a]);
+                }
+                if (need_gin && A) { /* the covariates' adjoints: sources through S, the target through g = Kᵀ x_j */
+                    NAME(key_of)(s, K, z, j, g);
+                    for (int a = 0; a < d; a++)
+                        for (int i = 0; i < n; i++) gin[a * T + i] = FMA(gS[i], g[a], gin[a * T + i]);
+                    for (int c = 0; c < d; c++) {
+                        V acc = gin[c * T + j];
+                        for (int a = 0; a < d; a++) acc = FMA(SET1(K[c * d + a]), gg[a], acc);
+                        gin[c * T + j] = acc;
+                    }
+                }
+            }
+        }
+        if (need_gin) {
+            V *t = gz;
+            gz = gin, gin = t;
+        }
+    }
+}
+
+static inline real NAME(lanes_sum)(V v) {
+    real f[W], t = 0;
+    STOREU(f, v);
+    for (int w = 0; w < W; w++) t += f[w];
+    return t;
+}
+
+static Spec NAME(spec)(int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
+                       real scale, int has_cap, real cap) {
+    Spec s = {L, H, d, n, n + 1, d + 1, has_cap, acts, K, A, r, scale, cap};
+    return s;
+}
+
+/* reals kept for B prompts between ka_forward and ka_backward */
+long NAME(ka_kept)(int B, int L, int H, int d, int n) {
+    Spec s = NAME(spec)(L, H, d, n, NULL, NULL, NULL, NULL, 1, 0, 0);
+    return ((long)B + W - 1) / W * NAME(kept_vectors)(&s) * W;
+}
+
+/* out (B) from x (B x n x d), y (B x n), xq (B x d), and (kept != NULL) the weights for ka_backward;
+   0, 1 if out of memory, 2 if d > DMAX or n > NMAX */
+int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
+                     real scale, int has_cap, real cap, const real *x, const real *y, const real *xq, real *out,
+                     real *kept) {
+    if (d > DMAX || n > NMAX) return 2;
+    Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
+    unsigned csr = _mm_getcsr();
+    long sv = NAME(scratch_vectors)(&s), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
+    V *buf = aligned_alloc(32, sizeof(V) * (2 * zv + sv));
+    if (!buf) return 1;
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    V *z0 = buf, *zn = buf + zv, *full = buf + 2 * zv;
+    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(&s, x, y, xq, b0, nb, z0);
+        NAME(forward_group)(&s, z0, zn, full, 0);
+        if (kept) NAME(copy_kept)(&s, full, (V *)kept + gi * kv, 0);
+        real o[W];
+        STOREU(o, zn[d * s.T + n]);
+        for (int w = 0; w < nb; w++) out[b0 + w] = o[w];
+    }
+    free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+/* gK, gA (L x H x d x d; A == NULL: not touched), gr (L x H) += the gradients of Σ_b gout_b out_b, the forward
+   replayed per group from the kept weights (only the products) or in full (kept == NULL); 0, 1 if out of memory,
+   2 if d > DMAX or n > NMAX */
+int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
+                      real scale, int has_cap, real cap, const real *x, const real *y, const real *xq,
+                      const real *kept, const real *gout, real *gK, real *gA, real *gr) {
+    if (d > DMAX || n > NMAX) return 2;
+    Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
+    unsigned csr = _mm_getcsr();
+    long sv = NAME(scratch_vectors)(&s), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
+    long pv = (long)L * H * d * d;
+    long *heads = malloc(sizeof(long) * L * 2);
+    V *buf = aligned_alloc(32, sizeof(V) * (4 * zv + 2 * pv + L * H + sv));
+    if (!heads || !buf) {
+        free(heads), free(buf);
+        return 1;
+    }
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv, *accK = buf + 4 * zv;
+    V *accA = accK + pv, *accr = accA + pv, *full = accr + L * H;
+    memset(accK, 0, sizeof(V) * (2 * pv + L * H));
+    NAME(offsets)(&s, heads, heads + L);
+    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(&s, x, y, xq, b0, nb, z0);
+        if (kept) NAME(copy_kept)(&s, full, (V *)kept + gi * kv, 1);
+        NAME(forward_group)(&s, z0, zn, full, kept != NULL);
+        real go[W] = {0};
+        for (int w = 0; w < nb; w++) go[w] = gout[b0 + w];
+        memset(gz, 0, sizeof(V) * zv);
+        gz[s.d * s.T + n] = LOADU(go);
+        NAME(backward_group)(&s, z0, full, heads, heads + L, gz, gin, accK, accA, accr);
+    }
+    for (long i = 0; i < pv; i++) gK[i] += NAME(lanes_sum)(accK[i]);
+    if (A)
+        for (long i = 0; i < pv; i++) gA[i] += scale * NAME(lanes_sum)(accA[i]);
+    for (int i = 0; i < L * H; i++) gr[i] += scale * NAME(lanes_sum)(accr[i]);
+    free(heads), free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+#undef Spec
+#endif
