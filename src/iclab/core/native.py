@@ -1,8 +1,8 @@
 """Optional C kernels: built once with the system C compiler on first use, loaded by ctypes, else None.
 
-A kernel is one C source file shipped in the package (``package-data``: ``*.c``). :func:`load` compiles it with
-``cc -O3 -mavx2 -mfma`` into ``$ICLAB_KERNEL_DIR`` (default ``~/.cache/iclab/kernels``), under a name that carries a
-hash of the source and the flags, so an edited source is rebuilt and concurrent builds never see a half-written
+A kernel is one C source file shipped in the package (``package-data``: ``*.c``, ``*.h``), which may include the
+headers beside it. :func:`load` compiles it with ``cc -O3 -mavx2 -mfma`` into ``$ICLAB_KERNEL_DIR`` (default
+``~/.cache/iclab/kernels``), under a name that carries a hash of the source, those headers and the flags, so an edited source is rebuilt and concurrent builds never see a half-written
 file (each builds aside, then renames atomically). It returns None, and the caller runs its torch code, where there
 is no compiler, the CPU lacks AVX2 + FMA, the build fails, or the environment sets ``ICLAB_NATIVE=0``.
 """
@@ -44,7 +44,8 @@ def _build(source: Path) -> ctypes.CDLL | None:
     if cc is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):  # AVX2 + FMA
         return None
     try:
-        tag = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+        headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it may include
+        tag = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
         cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "iclab" / "kernels"
         folder = Path(os.environ.get("ICLAB_KERNEL_DIR", cache))
         target = folder / f"{source.stem.lstrip('_')}-{tag}.so"

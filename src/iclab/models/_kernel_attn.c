@@ -15,13 +15,14 @@
    over lanes in a fixed order, so the result depends on the caller's split of the batch, not on its threads.
 
    The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
-   _f64). exp is the Cephes polynomial (f32) and rational (f64) approximation, ~1 ulp; below the smallest normal
-   result it is 0 (denormals are flushed to zero inside the calls). Built by iclab.core.native.load() with
+   _f64); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
    cc -O3 -mavx2 -mfma. */
 #ifndef KA_REAL
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_avx_exp.h"
 
 enum { LINEAR = 0, RELU = 1, EXP = 2, SOFTMAX = 3 };
 enum { DMAX = 32, NMAX = 256 };
@@ -53,6 +54,7 @@ enum { DMAX = 32, NMAX = 256 };
 #undef LT
 #undef GT
 #undef ZERO
+#undef VEXP
 #if KA_REAL == 32
 #define real float
 #define V __m256
@@ -74,25 +76,7 @@ enum { DMAX = 32, NMAX = 256 };
 #define GT(a, b) _mm256_cmp_ps(a, b, _CMP_GT_OQ)
 #define ZERO _mm256_setzero_ps()
 
-static inline V NAME(exp_v)(V x) {
-    const V lo = SET1(-87.33654f), hi = SET1(88.72283f);
-    V under = LT(x, lo), over = GT(x, hi);
-    x = MIN(MAX(x, lo), hi);
-    V k = _mm256_round_ps(MUL(x, SET1(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    k = MIN(k, SET1(127.0f));
-    x = _mm256_fnmadd_ps(k, SET1(0.693359375f), x);
-    x = _mm256_fnmadd_ps(k, SET1(-2.12194440e-4f), x);
-    V y = SET1(1.9875691500E-4f);
-    y = FMA(y, x, SET1(1.3981999507E-3f));
-    y = FMA(y, x, SET1(8.3334519073E-3f));
-    y = FMA(y, x, SET1(4.1665795894E-2f));
-    y = FMA(y, x, SET1(1.6666665459E-1f));
-    y = FMA(y, x, SET1(5.0000001201E-1f));
-    y = FMA(y, MUL(x, x), ADD(x, SET1(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    y = _mm256_andnot_ps(under, MUL(y, _mm256_castsi256_ps(e)));
-    return _mm256_blendv_ps(y, SET1(__builtin_inff()), over);
-}
+#define VEXP exp_ps
 #else
 #define real double
 #define V __m256d
@@ -114,27 +98,7 @@ static inline V NAME(exp_v)(V x) {
 #define GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
 #define ZERO _mm256_setzero_pd()
 
-static inline V NAME(exp_v)(V x) {
-    const V lo = SET1(-708.3964185322641), hi = SET1(709.782712893384);
-    V under = LT(x, lo), over = GT(x, hi);
-    x = MIN(MAX(x, lo), hi);
-    V k = _mm256_round_pd(MUL(x, SET1(1.4426950408889634073599)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    k = MIN(k, SET1(1023.0));
-    x = _mm256_fnmadd_pd(k, SET1(6.93145751953125E-1), x);
-    x = _mm256_fnmadd_pd(k, SET1(1.42860682030941723212E-6), x);
-    V xx = MUL(x, x);
-    V px = FMA(FMA(SET1(1.26177193074810590878E-4), xx, SET1(3.02994407707441961300E-2)), xx,
-               SET1(9.99999999999999999910E-1));
-    px = MUL(px, x);
-    V qx = FMA(FMA(FMA(SET1(3.00198505138664455042E-6), xx, SET1(2.52448340349684104192E-3)), xx,
-                   SET1(2.27265548208155028766E-1)), xx, SET1(2.00000000000000000009E0));
-    V y = FMA(SET1(2.0), DIV(px, SUB(qx, px)), SET1(1.0));
-    /* 2^k: k + 1.5 * 2^52 holds k in its low mantissa bits; (k + 1023) << 52 is the exponent field */
-    __m256i kb = _mm256_castpd_si256(ADD(k, SET1(6755399441055744.0)));
-    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(kb, _mm256_set1_epi64x(1023)), 52);
-    y = _mm256_andnot_pd(under, MUL(y, _mm256_castsi256_pd(e)));
-    return _mm256_blendv_pd(y, SET1(__builtin_inf()), over);
-}
+#define VEXP exp_pd
 #endif
 
 typedef struct {
@@ -225,12 +189,12 @@ static inline void NAME(weights)(const Spec *s, int act, const V *g, const V *z,
     if (act == SOFTMAX) {
         V m = P[0], sum = ZERO;
         for (int i = 1; i < n; i++) m = MAX(m, P[i]);
-        for (int i = 0; i < n; i++) sum = ADD(sum, P[i] = NAME(exp_v)(SUB(P[i], m)));
+        for (int i = 0; i < n; i++) sum = ADD(sum, P[i] = VEXP(SUB(P[i], m)));
         V inv = DIV(SET1(1.0), sum);
         for (int i = 0; i < n; i++) P[i] = MUL(P[i], inv);
     } else if (act == EXP) {
         V cap = SET1(s->cap);
-        for (int i = 0; i < n; i++) P[i] = NAME(exp_v)(s->has_cap ? MIN(P[i], cap) : P[i]);
+        for (int i = 0; i < n; i++) P[i] = VEXP(s->has_cap ? MIN(P[i], cap) : P[i]);
     } else if (act == RELU) {
         for (int i = 0; i < n; i++) P[i] = MAX(P[i], ZERO);
     }
@@ -293,7 +257,7 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
         for (int h = 0; h < H; h++) {
             int lh = l * H + h, act = s->acts[h];
             const real *K = s->K + (long)lh * d * d, *A = s->A ? s->A + (long)lh * d * d : NULL;
-            V rs = SET1(s->r[lh] * s->scale), scale = SET1(s->scale), expcap = NAME(exp_v)(SET1(s->cap));
+            V rs = SET1(s->r[lh] * s->scale), scale = SET1(s->scale), expcap = VEXP(SET1(s->cap));
             const V *P = st + heads[l] + (long)h * ((long)Tt * n + (long)D * Tt), *U = P + (long)Tt * n;
             V *aK = accK + (long)lh * d * d, *aA = accA + (long)lh * d * d;
             int c0 = A ? 0 : d;

@@ -15,28 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_avx_exp.h"
+
 #define R 16 /* row width */
 #define RB 6 /* query rows per block: 12 accumulators + 2 loads + 1 broadcast registers */
-
-/* exp(x) for x <= 0 (after the max is subtracted); Cephes polynomial, ~1 ulp; 0 below -87.3 */
-static inline __m256 exp_neg(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(under, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-}
 
 static inline float hmax(__m256 v) {
     __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -138,7 +120,7 @@ int kv_softmax_forward(int b0, int b1, int M, int n, const float *q, const float
                 __m256 sum = _mm256_setzero_ps();
                 float *erow = e ? e + ((size_t)b * M + j0 + r) * np : NULL;
                 for (int i = 0; i < np; i += 8) {
-                    __m256 v = exp_neg(_mm256_sub_ps(_mm256_load_ps(row + i), m));
+                    __m256 v = exp_ps(_mm256_sub_ps(_mm256_load_ps(row + i), m));
                     sum = _mm256_add_ps(sum, v);
                     _mm256_store_ps(row + i, v);
                     if (erow) _mm256_stream_ps(erow + i, v);

@@ -1,0 +1,45 @@
+"""iclab.core.native: a package C kernel is built once per source and headers, loaded by ctypes, else None."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+
+import pytest
+import torch
+
+from iclab.core import native
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")),
+    reason="no C compiler or no AVX2 here",
+)
+
+
+def _kernel(folder, value: int):
+    (folder / "_k.h").write_text(f"#define VALUE {value}\n")
+    src = folder / "_k.c"
+    src.write_text('#include "_k.h"\nint value(void) { return VALUE; }\n')
+    return src
+
+
+def test_a_changed_header_is_rebuilt(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ICLAB_KERNEL_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", {})
+    src = _kernel(tmp_path, 3)
+    sig = {"value": ([], ctypes.c_int)}
+    assert native.load(src, sig).value() == 3
+    assert native.load(src, sig) is native.load(src, sig)  # once per process
+    _kernel(tmp_path, 7)
+    monkeypatch.setattr(native, "_loaded", {})  # a new process
+    assert native.load(src, sig).value() == 7
+    assert len(list((tmp_path / "cache").glob("k-*.so"))) == 2  # one build per source version, nothing half-written
+
+
+def test_a_failed_build_is_none(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("ICLAB_KERNEL_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", {})
+    src = tmp_path / "_bad.c"
+    src.write_text("this is not C\n")
+    assert native.load(src, {}) is None
+    assert not list((tmp_path / "cache").glob("*.so"))
