@@ -33,6 +33,8 @@ def _row(name: str, entry: dict) -> str:
         projected = format_seconds(est["projected_seconds"])
         if not est.get("complete", True):
             projected += " (lower bound)"
+        if est.get("probe"):
+            projected += f" ({est['probe']})"
     return f"| {name} | {claims} | {wall} | {projected} | {entry.get('note', '')} |"
 
 
