@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import ctypes
-import shutil
 
 import pytest
-import torch
 
 from iclab.core import native
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("cc") is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")),
-    reason="no C compiler or no AVX2 here",
-)
+pytestmark = pytest.mark.skipif(native.compiler() is None, reason="no C compiler or no AVX2 here")
 
 
 def _kernel(folder, value: int):

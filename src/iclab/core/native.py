@@ -2,8 +2,9 @@
 
 A kernel is one C source file shipped in the package (``package-data``: ``*.c``, ``*.h``), which may include the
 headers beside it. :func:`load` compiles it with ``cc -O3 -mavx2 -mfma`` into ``$ICLAB_KERNEL_DIR`` (default
-``~/.cache/iclab/kernels``), under a name that carries a hash of the source, those headers and the flags, so an edited source is rebuilt and concurrent builds never see a half-written
-file (each builds aside, then renames atomically). It returns None, and the caller runs its torch code, where there
+``~/.cache/iclab/kernels``), under a name that carries a hash of the source, those headers and the flags, so an
+edited source or header is rebuilt and concurrent builds never see a half-written file (each builds aside, then
+renames atomically). It returns None, and the caller runs its torch code, where there
 is no compiler, the CPU lacks AVX2 + FMA, the build fails, or the environment sets ``ICLAB_NATIVE=0``.
 """
 
@@ -39,9 +40,18 @@ def load(source: Path, signatures: dict[str, tuple[list[type], type]]) -> ctypes
     return _loaded[source]
 
 
-def _build(source: Path) -> ctypes.CDLL | None:
+def compiler() -> str | None:
+    """The C compiler a build would use (``$CC``, else ``cc`` or ``gcc`` on PATH), or None where there is none or the
+    CPU lacks AVX2 + FMA: then every kernel runs its torch code."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if cc is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):  # AVX2 + FMA
+    if cc is None or not torch.backends.cpu.get_cpu_capability().startswith(("AVX2", "AVX512")):
+        return None
+    return cc
+
+
+def _build(source: Path) -> ctypes.CDLL | None:
+    cc = compiler()
+    if cc is None:
         return None
     try:
         headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it may include

@@ -42,7 +42,7 @@ from iclab.core.threads import map_on_threads
 CHUNK = 2048  # prompts per block: a (T, n, CHUNK) float32 score block is 1.7 MB at n = 14
 MIN_SPLIT = 256  # batches under 4 × this many prompts keep the given chunk
 
-#: run float32 CPU passes by the C kernel ``_kernel_attn.c`` (:class:`_NativeStack`) where it can be built
+#: run float32 and float64 CPU passes by the C kernel ``_kernel_attn.c`` (:class:`_NativeStack`) where it can be built
 #: (:mod:`iclab.core.native`); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
 NATIVE = native_kernels.ENABLED
 #: ka_forward keeps every group's weights h̃(S) for the backward (4 bytes × (2 (n+1) n + n) per prompt and head at L = 3
@@ -280,10 +280,11 @@ def _backward_chunk(
 
 
 class _NativeStack(torch.autograd.Function):
-    """:class:`_Stack` by the C kernel ``_kernel_attn.c`` (float32, CPU): 8 prompts per AVX2 vector, each target
-    row's scores, weights and adjoints in registers; only z_ℓ, h̃(S) and u are kept for the backward. The batch is
-    split into the parts :func:`kernel_stack` chooses, one C call per part with its own gradient sums, added in
-    order: the same numbers on any thread count."""
+    """:class:`_Stack` by the C kernel ``_kernel_attn.c`` (CPU, float32: 8 prompts per AVX2 vector, float64: 4),
+    each target row's scores, weights and adjoints in registers. Nothing is kept for the backward but the inputs (it
+    replays the forward per group), or with :data:`KEEP` the weights h̃(S). The batch is split into the parts
+    :func:`kernel_stack` chooses, one C call per part with its own gradient sums, added in order: the same numbers on
+    any thread count."""
 
     @staticmethod
     def forward(
@@ -340,8 +341,11 @@ def _ptr(t: Tensor | None) -> int | None:
 
 
 def _check(codes: list[int]) -> None:
-    if any(codes):
+    """The C calls' return codes: 1 out of memory, 2 d > 32 or n > 256 (which :func:`_uses_native` rules out)."""
+    if 1 in codes:
         raise MemoryError("_kernel_attn.c could not allocate its scratch buffers")
+    if any(codes):
+        raise ValueError("_kernel_attn.c takes d <= 32 covariates and n <= 256 context tokens")
 
 
 def _uses_native(x: Tensor, n: int) -> bool:
