@@ -103,3 +103,36 @@ def test_fig3_projection_onto_S_is_exact_on_S_and_lowers_an_off_S_loss() -> None
     off[1] = off[1] + 0.3 * torch.randn(5, 5, generator=generator(1), dtype=torch.float64)
     trained, projected = _projected_onto_S(Sigma, off, B, cfg)
     assert projected < trained
+
+
+def test_ahn2023_model_selection_keeps_the_best_recent_snapshot_on_validation() -> None:
+    """Figs 6 and 7 evaluate, as the authors' notebooks do, the best of the last K parameter snapshots on a
+    validation batch (spec 002 §3.4): a blown-up final snapshot is passed over, and K = 1 keeps the final one."""
+    import torch
+
+    from iclab.core.seeding import generator
+    from iclab.experiments.ahn2023._setup import select_snapshot
+    from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+    from iclab.tasks import LinearRegression
+    from iclab.theory import preconditioned_gd as th
+    from iclab.training import TrainResult
+
+    task = LinearRegression.random_rotation(generator=generator(0), weight_prior="inverse_covariance")
+    val = task.sample(2000, 20, generator=generator(1), dtype=torch.float64)
+    model = LinearTransformer(LinearTransformerConfig(d=5, n_layers=2, pattern="pattern11", init_std=0.1))
+    base = {k: p.detach().to(torch.float64).clone() for k, p in model.named_parameters()}
+    scales = (1.0, 3.0, 0.5, 30.0)  # the last snapshot blew up
+    snaps = {k: torch.stack([s * base[k] for s in scales]) for k in base}
+    result = TrainResult(model=model, history=[], snapshots=snaps, snapshot_steps=[0, 10, 20, 30])
+    losses = []
+    for i in range(4):
+        m = LinearTransformer(LinearTransformerConfig(d=5, n_layers=2, pattern="pattern11")).double()
+        m.load_state_dict({k: v[i] for k, v in snaps.items()})
+        losses.append(th.episode_loss(m, val))
+    best = min(range(1, 4), key=lambda i: losses[i])
+    assert losses[3] > losses[best]
+    chosen, step = select_snapshot(result, 3, val)
+    assert step == 10 * best and th.episode_loss(chosen, val) == losses[best]
+    assert chosen.A.dtype == torch.float64
+    _, step = select_snapshot(result, 1, val)
+    assert step == 30

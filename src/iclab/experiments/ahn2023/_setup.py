@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from iclab import algorithms
-from iclab.core.errors import require_int
+from iclab.core.errors import require, require_int
 from iclab.core.numerics import dist_to_identity, sym_sqrt
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import RunContext
@@ -215,7 +215,23 @@ LOG_PGD_BY_L = {1: 0.143, 2: -0.696, 3: -1.319, 4: -1.825}
 
 @dataclass(frozen=True, kw_only=True)
 class BaselineConfig(LinearSetup):
+    """``select_last``: the transformer evaluated is the one of the last ``select_last`` parameter snapshots (every
+    ``train.snapshot_every`` steps, the final model included) with the lowest loss on the validation episode, as
+    the authors' notebooks do (spec 002 §3.4: "given short(er) training steps, may have some unstable
+    solutions"); 0 = the final model."""
+
     step_bounds: tuple[float, float] = (1e-3, 1.5)  # bracket of the constant-step searches
+    select_last: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int(self, "select_last", self.select_last, 0)
+        require(
+            self,
+            "select_last",
+            not self.select_last or self.train.snapshot_every > 0,
+            "0 unless train.snapshot_every > 0 (it selects among the parameter snapshots)",
+        )
 
 
 @dataclass
@@ -242,12 +258,13 @@ class ComparisonRow:
     ols: float
     gd_step: float
     pgd_step: float
+    tf_step: int = -1  # the training step of the transformer evaluated (select_last), -1 = the final model
 
 
-def baselines(cfg: BaselineConfig, task: LinearRegression, n: int, L: int, seed: int) -> tuple[Baselines, Any]:
+def baselines(cfg: BaselineConfig, task: LinearRegression, n: int, L: int, seed: int) -> tuple[Baselines, Any, Any]:
     """GD and Σ⁻¹-PGD with the best constant step (chosen on a validation batch, as the authors'
     code does), and the Bayes / whitened minimum-norm least-squares predictor, on a test batch;
-    returns the losses and the test episode."""
+    returns the losses, the validation episode and the test episode."""
     batch = cfg.train.eval_batch
     val = task.sample(batch, n, generator=generator(derive_seed(seed, "val", n)), dtype=torch.float64)
     test = task.sample(batch, n, generator=generator(derive_seed(seed, "test", n)), dtype=torch.float64)
@@ -260,7 +277,33 @@ def baselines(cfg: BaselineConfig, task: LinearRegression, n: int, L: int, seed:
         out[name] = th.episode_loss(algorithms.pgd(pre, [step] * L), test)
         out[f"{name}_step"] = step
     out["ols"] = th.episode_loss(algorithms.BayesPosteriorMean(), test)
-    return Baselines(**out), test
+    return Baselines(**out), val, test
+
+
+def _parameters(model: LinearTransformer) -> dict[str, Tensor]:
+    return {k: p.detach() for k, p in model.named_parameters()}
+
+
+def select_snapshot(result: TrainResult, last: int, val: Any) -> tuple[LinearTransformer, int]:
+    """The model (float64, CPU) of the last ``last`` snapshots of ``result`` with the lowest loss on ``val``, and
+    its step: the authors' model selection of Figs 6 and 7 (the best of the last 10 / 20 checkpoints, every 100
+    steps, on a validation batch)."""
+    model = result.model.double().cpu()
+    steps = result.snapshot_steps[-last:]
+    params = dict(model.named_parameters())
+    best: tuple[float, int] | None = None
+    for i in range(len(result.snapshot_steps) - len(steps), len(result.snapshot_steps)):
+        with torch.no_grad():
+            for k, p in params.items():
+                p.copy_(result.snapshots[k][i])
+        loss = th.episode_loss(model, val)
+        if best is None or loss < best[0]:  # nan never wins
+            best = (loss, i)
+    i = best[1] if best is not None else len(result.snapshot_steps) - 1
+    with torch.no_grad():
+        for k, p in params.items():
+            p.copy_(result.snapshots[k][i])
+    return model, result.snapshot_steps[i]
 
 
 def compare(cfg: BaselineConfig, ctx: RunContext, points: list[tuple[int, int]], by: str) -> list[ComparisonRow]:
@@ -273,20 +316,24 @@ def compare(cfg: BaselineConfig, ctx: RunContext, points: list[tuple[int, int]],
             task = make_task(cfg, s, "inverse_covariance")
             jobs.append((n, L, s, task))
             name = f"{by}{n if by == 'n' else L}-seed{s}"
-            runs.append(
-                training_run(cfg, name=name, seed=s, task=task, pattern="pattern11", n=n, n_layers=L, snapshot=False)
-            )
+            run = training_run(cfg, name=name, seed=s, task=task, pattern="pattern11", n=n, n_layers=L, snapshot=False)
+            if cfg.select_last:
+                run = dataclasses.replace(run, snapshot=_parameters)
+            runs.append(run)
     rows = []
     for (n, L, s, task), res in zip(jobs, ctx.execute(runs), strict=True):
-        base, test = baselines(cfg, task, n, L, s)
-        tf = th.episode_loss(res.model.double().cpu(), test)
-        rows.append(ComparisonRow(n=n, L=L, seed=s, tf=tf, **dataclasses.asdict(base)))
+        base, val, test = baselines(cfg, task, n, L, s)
+        model, step = select_snapshot(res, cfg.select_last, val) if cfg.select_last else (res.model.double().cpu(), -1)
+        tf = th.episode_loss(model, test)
+        rows.append(ComparisonRow(n=n, L=L, seed=s, tf=tf, tf_step=step, **dataclasses.asdict(base)))
     return rows
 
 
-def mean_by(rows: list[ComparisonRow], key: str, by: str) -> dict[int, float]:
-    """Mean of ``row.<key>`` over seeds, by ``row.<by>`` (``n`` or ``L``), in first-seen order."""
+def mean_by(rows: list[ComparisonRow], key: str, by: str, *, log: bool = False) -> dict[int, float]:
+    """Mean of ``row.<key>`` (of its log with ``log``: what the authors' Figs 6 and 7 plot) over seeds, by
+    ``row.<by>`` (``n`` or ``L``), in first-seen order."""
     out: dict[int, list[float]] = {}
     for r in rows:
-        out.setdefault(getattr(r, by), []).append(getattr(r, key))
+        v = getattr(r, key)
+        out.setdefault(getattr(r, by), []).append(math.log(v) if log else v)
     return {k: sum(v) / len(v) for k, v in out.items()}
