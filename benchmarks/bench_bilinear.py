@@ -4,8 +4,9 @@
     python benchmarks/bench_bilinear.py [cpu|cuda] [--batch 4000] [--repeats 5]
 
 Prints ms per Adam step (forward, backward, global clip, update) of ``model(episode)`` (on a CPU the fused path of
-:mod:`iclab.models._bilinear_fast`) and of ``model.forward_tokens`` (sub-layer by sub-layer), timed alternately, and
-three yardsticks measured in the same run:
+:mod:`iclab.models._bilinear_fast`: its C kernel where it can be built), of the same fused path by its torch code
+(``NATIVE = False``) and of ``model.forward_tokens`` (sub-layer by sub-layer), timed alternately, and three
+yardsticks measured in the same run:
 
 * the memory-traffic bound (``iclab.bench.memory_traffic_bound``): the bytes a layer-by-layer step must move for the
   model's own (B, T, D) activations, (5·2L − 2)·A with A = B·T·D·4 bytes, over the best streaming bandwidth of
@@ -36,6 +37,7 @@ from iclab.bench import matmul_peak, memory_traffic_bound, timeit, token_matmul_
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
 from iclab.core.seeding import generator
+from iclab.models import _bilinear_fast
 from iclab.models._bilinear_fast import CHUNK
 from iclab.training.optim import clip_gradients
 
@@ -117,15 +119,27 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
     with FlopCounterMode(display=False) as fc:  # the model's FLOPs: the token path's matmuls, forward + backward
         model.forward_tokens(ep).square().mean().backward()
     flops = fc.get_total_flops()
-    sec = _alternate({"fused": step(lambda: model(ep)), "tokens": step(lambda: model.forward_tokens(ep))}, device=dev, rounds=repeats)  # fmt: skip
+
+    def torch_code() -> torch.Tensor:  # the fused path by its torch code (the node is chosen in the forward)
+        native, _bilinear_fast.NATIVE = _bilinear_fast.NATIVE, False
+        try:
+            return model(ep)
+        finally:
+            _bilinear_fast.NATIVE = native
+
+    runs = {"fused": step(lambda: model(ep)), "fused_torch": step(torch_code), "tokens": step(lambda: model.forward_tokens(ep))}  # fmt: skip
+    sec = _alternate(runs, device=dev, rounds=repeats)
     data = timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1)
     floor = gemm_floor(dev, batch=batch, n=n, d=cfg.d, d_bar=cfg.d_bar, n_blocks=n_blocks, chunk=CHUNK, repeats=repeats)
     fused, tokens, bound = sec["fused"], sec["tokens"], mem["memory_bound_ms"] / 1e3
     return {
         "device": str(dev),
         "threads": torch.get_num_threads(),
+        "native": dev.type == "cpu" and _bilinear_fast._uses_native(ep.x.new_empty(1, 1, cfg.d_bar + 1), cfg.d + 1),
         "ms_per_step": round(fused * 1e3, 1),
+        "torch_fused_ms_per_step": round(sec["fused_torch"] * 1e3, 1),
         "token_ms_per_step": round(tokens * 1e3, 1),
+        "speedup_vs_torch_fused": round(sec["fused_torch"] / fused, 2),
         "speedup_vs_tokens": round(tokens / fused, 2),
         "traffic_gb": round(mem["traffic_gb"], 3),
         "bandwidth_gbps": round(mem["bandwidth_gbps"], 1),

@@ -1,7 +1,8 @@
 """Optional C kernels: built once with the system C compiler on first use, loaded by ctypes, else None.
 
 A kernel is one C source file shipped in the package (``package-data``: ``*.c``, ``*.h``), which may include the
-headers beside it. :func:`load` compiles it with ``cc -O3 -mavx2 -mfma`` into ``$ICLAB_KERNEL_DIR`` (default
+headers beside it. :func:`load` compiles it with ``cc -O3 -mavx2 -mfma`` (plus ``-DNAME=value`` for a kernel
+specialised to a shape, and AVX-512 where asked for and the CPU has it) into ``$ICLAB_KERNEL_DIR`` (default
 ``~/.cache/iclab/kernels``), under a name that carries a hash of the source, those headers and the flags, so an
 edited source or header is rebuilt and concurrent builds never see a half-written file (each builds aside, then
 renames atomically). It returns None, and the caller runs its torch code, where there
@@ -24,20 +25,34 @@ import torch
 ENABLED = os.environ.get("ICLAB_NATIVE", "1") != "0"
 FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
 
-_loaded: dict[Path, ctypes.CDLL | None] = {}
+_loaded: dict[tuple[Path, tuple[str, ...]], ctypes.CDLL | None] = {}
 
 
-def load(source: Path, signatures: dict[str, tuple[list[type], type]]) -> ctypes.CDLL | None:
+def load(
+    source: Path,
+    signatures: dict[str, tuple[list[type], type]],
+    *,
+    defines: dict[str, int] | None = None,
+    wide: bool = False,
+) -> ctypes.CDLL | None:
     """The compiled ``source`` with each function's ``(argtypes, restype)`` set, or None where it cannot be built.
-    Built at most once per process and source."""
-    if source not in _loaded:
-        lib = _build(source)
+    Built at most once per process, source and options: ``defines`` become ``-DNAME=value`` (a kernel specialised to
+    a shape), ``wide`` adds AVX-512 (:func:`wide_flags`) where the CPU has it."""
+    extra = tuple(f"-D{k}={int(v)}" for k, v in sorted((defines or {}).items())) + (wide_flags() if wide else ())
+    key = (source, extra)
+    if key not in _loaded:
+        lib = _build(source, extra)
         if lib is not None:
             for name, (args, res) in signatures.items():
                 fn = getattr(lib, name)
                 fn.argtypes, fn.restype = args, res
-        _loaded[source] = lib
-    return _loaded[source]
+        _loaded[key] = lib
+    return _loaded[key]
+
+
+def wide_flags() -> tuple[str, ...]:
+    """``-mavx512f -mavx512vl`` where torch reports an AVX-512 CPU (512-bit vectors: twice the lanes), else ()."""
+    return ("-mavx512f", "-mavx512vl") if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else ()
 
 
 def compiler() -> str | None:
@@ -49,13 +64,14 @@ def compiler() -> str | None:
     return cc
 
 
-def _build(source: Path) -> ctypes.CDLL | None:
+def _build(source: Path, extra: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     cc = compiler()
     if cc is None:
         return None
     try:
         headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it may include
-        tag = hashlib.sha256(source.read_bytes() + headers + " ".join(FLAGS).encode()).hexdigest()[:16]
+        flags = (*FLAGS, *extra)
+        tag = hashlib.sha256(source.read_bytes() + headers + " ".join(flags).encode()).hexdigest()[:16]
         cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "iclab" / "kernels"
         folder = Path(os.environ.get("ICLAB_KERNEL_DIR", cache))
         target = folder / f"{source.stem.lstrip('_')}-{tag}.so"
@@ -63,7 +79,7 @@ def _build(source: Path) -> ctypes.CDLL | None:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:  # build aside, then one atomic rename
                 built = Path(tmp) / target.name
-                subprocess.run([cc, *FLAGS, "-o", str(built), str(source)], check=True, capture_output=True,
+                subprocess.run([cc, *flags, "-o", str(built), str(source)], check=True, capture_output=True,
                                timeout=120)  # fmt: skip
                 os.replace(built, target)
         return ctypes.CDLL(str(target))

@@ -1,5 +1,9 @@
 """The fast path of :class:`~iclab.models.BilinearTransformer`: the whole stack as one autograd node.
 
+On a CPU with a C compiler the node is :class:`_NativeStack`, the C kernel ``_bilinear.c`` (prompts in vector lanes,
+the backward run inside the forward for a unit output gradient; docs/performance.md, seed 003, session 12); elsewhere,
+or with ``ICLAB_NATIVE=0``, the torch code below, which computes the same numbers.
+
 A step of the bilinear transformer (Sun, Jadbabaie, Azizan 2025, eq. (2)-(3)) is products with one 13-wide side
 over B·T tokens, so it runs at the rate the BLAS reaches on those shapes (docs/performance.md, seed 003). Layer by
 layer, every (B, T, D) activation also goes to memory and back; here chunks of ``CHUNK`` prompts go through all
@@ -30,15 +34,45 @@ float64 to 1e-10, for both orders, dense, sparse and no FFN, several heads, labe
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import math
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from iclab.core import native as native_kernels
 from iclab.core.threads import map_on_threads
 
 CHUNK = 64  # prompts per chunk: a (13, 64, 201) float32 chunk is 669 KB, its [b; a] 1.2 MB (32-96 within 10%)
+#: run float32 and float64 CPU passes by the C kernel ``_bilinear.c`` (:class:`_NativeStack`) where it can be built
+#: (:mod:`iclab.core.native`); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
+NATIVE = native_kernels.ENABLED
+NATIVE_PART = 128  # prompts per C call at most (a multiple of 4 calls per batch: the same split on 1, 2, 4 threads)
+#: the most memory the C kernel's forward may keep for the backward: every prompt's d out / d(weights) (4 bytes x 3756
+#: per prompt for the 12-layer Fig.-7 model); a bigger batch replays the forward in the backward instead
+JACOBIAN_BYTES = 1 << 28
+MAX_DIM = 24  # token widths the C kernel is built for (one build per width, unrolled: 3 s at 13, 12 s at 24)
+#: build with AVX-512 where the CPU has it (16 float32 lanes); False: AVX2 (8), as on a CPU without it
+WIDE = True
+_SOURCE = Path(__file__).with_name("_bilinear.c")
+_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+_SIGNATURES = {
+    **{f"bl_lanes_{t}": ([], _I) for t in ("f32", "f64")},
+    **{f"bl_forward_{t}": ([_L, _I, _I, _P, _I, _P, _P, _P, _P], _I) for t in ("f32", "f64")},
+    **{f"bl_backward_{t}": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I) for t in ("f32", "f64")},
+    **{f"bl_jacobian_{t}": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I) for t in ("f32", "f64")},
+    **{f"bl_vjp_{t}": ([_L, _L, _P, _P, _P], _I) for t in ("f32", "f64")},
+}
+
+
+def native(dim: int, live: int) -> ctypes.CDLL | None:
+    """``_bilinear.c`` compiled for tokens ``dim`` wide whose first ``live`` entries are live in the prompt
+    (:func:`iclab.core.native.load`); None where it cannot be built."""
+    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": dim, "LIVE": live}, wide=WIDE)
 
 
 def _transfer(G: Tensor, P: Tensor, Q: Tensor, n: int) -> Tensor:
@@ -211,6 +245,93 @@ class _Stack(torch.autograd.Function):
         return (None, None, *grads)
 
 
+class _NativeStack(torch.autograd.Function):
+    """:class:`_Stack` by the C kernel ``_bilinear.c``: prompts in vector lanes, every per-prompt matrix (G, R, their
+    adjoints) a DIM x DIM array of vectors. With gradients on, the forward also runs the backward for a unit output
+    gradient and keeps every prompt's d out / d(weights) (:data:`JACOBIAN_BYTES` at most), so the backward is one
+    product with the output gradient; past that budget it keeps nothing and the backward replays the forward. The
+    batch is split into parts of at most :data:`NATIVE_PART` prompts, a multiple of 4 of them, one C call per part with
+    its own gradient sums, added in order: the same numbers on any thread count."""
+
+    @staticmethod
+    def forward(ctx: Any, z0: Tensor, meta: tuple[Any, ...], *flat: Tensor) -> Tensor:  # type: ignore[override]
+        kinds, n, live, _chunk, save = meta
+        L = max(i for i, k in enumerate(kinds) if k == "attn") + 1
+        used = flat[: 2 * L]
+        H = next(w.shape[0] for k, w in zip(kinds, used[::2], strict=False) if k == "attn")
+        z0 = z0.contiguous()
+        wts = torch.cat([w.detach().reshape(-1) for w in used]).to(z0.dtype).contiguous()
+        off = torch.tensor([0, *itertools.accumulate(2 * w.numel() for w in used[::2])][:L], dtype=torch.int64)
+        codes = torch.tensor([0 if k == "ffn" else 1 for k in kinds[:L]], dtype=torch.int32)
+        lib, tag = native(z0.shape[-1], live), "f32" if z0.dtype == torch.float32 else "f64"
+        lanes = getattr(lib, f"bl_lanes_{tag}")()
+        B = z0.shape[0]
+        parts = math.ceil(math.ceil(B / NATIVE_PART) / 4) * 4
+        step = math.ceil(B / parts)
+        bounds = [(s, min(s + step, B)) for s in range(0, B, step)]
+        common = (n, L, codes.data_ptr(), H)
+        groups = [math.ceil((e - s) / lanes) * lanes for s, e in bounds]
+        jacobian = save and sum(groups) * wts.numel() * z0.element_size() <= JACOBIAN_BYTES
+        J = [z0.new_empty(g * wts.numel()) for g in groups] if jacobian else None
+        out = z0.new_empty(B)
+        fwd = getattr(lib, f"bl_jacobian_{tag}" if jacobian else f"bl_forward_{tag}")
+
+        def run(p: int) -> int:
+            s, e = bounds[p]
+            args = (z0[s:e].data_ptr(), wts.data_ptr(), off.data_ptr(), out[s:e].data_ptr())
+            return fwd(e - s, *common, *args, *([J[p].data_ptr()] if J is not None else []))
+
+        _check(map_on_threads(run, range(len(bounds))))
+        ctx.common, ctx.bounds, ctx.tag, ctx.L, ctx.live = common, bounds, tag, L, live
+        ctx.keep = (codes, off, J)
+        ctx.save_for_backward(z0, wts, *flat)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        z0, wts, *flat = ctx.saved_tensors
+        _codes, off, J = ctx.keep
+        lib = native(z0.shape[-1], ctx.live)
+        grad = grad.contiguous().to(z0.dtype)
+        bounds = ctx.bounds
+
+        def run(p: int) -> Tensor:
+            s, e = bounds[p]
+            gw = torch.zeros_like(wts)
+            if J is not None:
+                code = getattr(lib, f"bl_vjp_{ctx.tag}")(e - s, wts.numel(), J[p].data_ptr(), grad[s:e].data_ptr(),
+                                                         gw.data_ptr())  # fmt: skip
+            else:
+                code = getattr(lib, f"bl_backward_{ctx.tag}")(e - s, *ctx.common, z0[s:e].data_ptr(), wts.data_ptr(),
+                                                              off.data_ptr(), grad[s:e].data_ptr(), gw.data_ptr())  # fmt: skip
+            _check([code])
+            return gw
+
+        gw = torch.stack(map_on_threads(run, range(len(bounds)))).sum(0)
+        grads: list[Tensor | None] = []
+        at = 0
+        for i, w in enumerate(flat):
+            if i >= 2 * ctx.L:  # an FFN after the last attention layer: nothing it writes is read
+                grads.append(torch.zeros_like(w))
+                continue
+            grads.append(gw[at : at + w.numel()].view_as(w).to(w.dtype))
+            at += w.numel()
+        ctx.keep = None
+        return (None, None, *grads)
+
+
+def _check(codes: list[int]) -> None:
+    if any(codes):
+        raise MemoryError("_bilinear.c could not allocate its scratch buffers")
+
+
+def _uses_native(z0: Tensor, live: int) -> bool:
+    ok = z0.dtype in (torch.float32, torch.float64) and z0.device.type == "cpu" and 2 <= z0.shape[-1] <= MAX_DIM
+    ok = ok and z0.shape[0] > 0 and 1 <= live < z0.shape[-1]
+    return NATIVE and ok and native(z0.shape[-1], live) is not None
+
+
 def bilinear_stack(
     z0: Tensor, sublayers: list[tuple[str, Tensor, Tensor]], *, n: int, live: int, chunk: int | None = None
 ) -> Tensor:
@@ -224,4 +345,6 @@ def bilinear_stack(
     kinds = tuple(kind for kind, _, _ in sublayers)
     flat = [w for _, a, b in sublayers for w in (a, b)]
     save = torch.is_grad_enabled() and any(w.requires_grad for w in flat)  # no grad: nothing is kept
-    return _Stack.apply(z0, (kinds, n, live, CHUNK if chunk is None else chunk, save), *flat)
+    meta = (kinds, n, live, CHUNK if chunk is None else chunk, save)
+    node = _NativeStack if "attn" in kinds and _uses_native(z0, live) else _Stack
+    return node.apply(z0, meta, *flat)
