@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import pytest
+import torch
 
 from iclab.core import native
 
@@ -38,3 +39,20 @@ def test_a_failed_build_is_none(tmp_path, monkeypatch) -> None:
     src.write_text("this is not C\n")
     assert native.load(src, {}) is None
     assert not list((tmp_path / "cache").glob("*.so"))
+
+
+def test_defines_build_one_library_per_value(tmp_path, monkeypatch) -> None:
+    """A kernel specialised to a shape (``defines``) is one library per value, each cached under its own hash; the
+    AVX-512 flags join the build only where the CPU has AVX-512."""
+    monkeypatch.setenv("ICLAB_KERNEL_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_loaded", {})
+    src = tmp_path / "_d.c"
+    src.write_text("int value(void) { return WIDTH * 10 + __AVX2__; }\n")
+    sig = {"value": ([], ctypes.c_int)}
+    assert native.load(src, sig, defines={"WIDTH": 3}).value() == 31
+    assert native.load(src, sig, defines={"WIDTH": 5}).value() == 51
+    assert native.load(src, sig, defines={"WIDTH": 3}) is native.load(src, sig, defines={"WIDTH": 3})
+    assert len(list((tmp_path / "cache").glob("d-*.so"))) == 2
+    wide = native.wide_flags()
+    assert wide == () or wide == ("-mavx512f", "-mavx512vl")
+    assert (wide != ()) == torch.backends.cpu.get_cpu_capability().startswith("AVX512")
