@@ -20,15 +20,18 @@ from iclab.models import KernelTransformer, KernelTransformerConfig, _kernel_fas
 from iclab.tasks.gaussian_process import GaussianProcess
 
 CASES = [("softmax",), ("exp",), ("relu",), ("linear", "relu"), ("softmax", "exp")]
-PATHS = ["native", "torch"]
+PATHS = ["native", "native-replay", "torch"]
 
 
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch) -> str:
-    """Run a test by the C kernel (skipped where it cannot be built) or by the torch code of the fused pass."""
-    if request.param == "native" and _kernel_fast.native() is None:
+    """Run a test by the C kernel (skipped where it cannot be built), keeping every prompt's d out / d(K, A, r) from
+    the forward or (``native-replay``) replaying the forward in the backward, or by the torch code of the fused pass."""
+    if request.param != "torch" and _kernel_fast.native() is None:
         pytest.skip("the C kernel cannot be built here (no compiler or no AVX2); the torch code runs instead")
-    monkeypatch.setattr(_kernel_fast, "NATIVE", request.param == "native")
+    monkeypatch.setattr(_kernel_fast, "NATIVE", request.param != "torch")
+    if request.param == "native-replay":
+        monkeypatch.setattr(_kernel_fast, "JACOBIAN_BYTES", 0)
     return request.param
 
 
@@ -155,6 +158,7 @@ def test_kept_and_replayed_weights_give_the_same_bits(value, monkeypatch):
     if _kernel_fast.native() is None:
         pytest.skip("the C kernel cannot be built here")
     monkeypatch.setattr(_kernel_fast, "NATIVE", True)
+    monkeypatch.setattr(_kernel_fast, "JACOBIAN_BYTES", 0)  # KEEP is a choice of the replaying backward
     model = _model(("softmax", "exp"), value, 3, exp_logit_cap=1.5)
     ep = _episode(batch=37)
     runs = []

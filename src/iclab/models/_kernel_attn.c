@@ -410,5 +410,65 @@ int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const 
     return 0;
 }
 
+/* out (B) and every prompt's d out / d(K, A, r) in lanes, J (ceil(B / W) groups x (2 L H d² + L H) x W reals: K, A, r
+   in ka_backward's layout, A's and r's without the factor s, which ka_vjp applies), so that ka_vjp is the whole
+   backward of a step, with no replay. 0, 1 if out of memory, 2 if d > DMAX or n > NMAX */
+int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
+                      real scale, int has_cap, real cap, const real *x, const real *y, const real *xq, real *out,
+                      real *J) {
+    if (d > DMAX || n > NMAX) return 2;
+    Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
+    unsigned csr = _mm_getcsr();
+    long sv = NAME(scratch_vectors)(&s), zv = (long)s.D * s.T, pv = (long)L * H * d * d, nw = 2 * pv + L * H;
+    long *heads = malloc(sizeof(long) * L * 2);
+    V *buf = aligned_alloc(32, sizeof(V) * (4 * zv + sv));
+    if (!heads || !buf) {
+        free(heads), free(buf);
+        return 1;
+    }
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv, *full = buf + 4 * zv;
+    NAME(offsets)(&s, heads, heads + L);
+    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        V *acc = (V *)J + gi * nw;
+        NAME(gather)(&s, x, y, xq, b0, nb, z0);
+        NAME(forward_group)(&s, z0, zn, full, 0);
+        real o[W], one[W] = {0};
+        STOREU(o, zn[d * s.T + n]);
+        for (int w = 0; w < nb; w++) out[b0 + w] = o[w], one[w] = 1;
+        memset(acc, 0, sizeof(V) * nw);
+        memset(gz, 0, sizeof(V) * zv);
+        gz[s.d * s.T + n] = LOADU(one);
+        NAME(backward_group)(&s, z0, full, heads, heads + L, gz, gin, acc, acc + pv, acc + 2 * pv);
+    }
+    free(heads), free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+/* gK, gA (A == 0: not touched), gr += Σ_b gout_b d out_b / d(K, A, r) from ka_jacobian's J: over groups in order,
+   then over lanes. 0, 1 if out of memory */
+int NAME(ka_vjp)(int B, int L, int H, int d, int has_A, real scale, const real *J, const real *gout, real *gK,
+                 real *gA, real *gr) {
+    long pv = (long)L * H * d * d, nw = 2 * pv + L * H;
+    V *acc = aligned_alloc(32, sizeof(V) * nw);
+    if (!acc) return 1;
+    memset(acc, 0, sizeof(V) * nw);
+    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        real go[W] = {0};
+        for (int w = 0; w < nb; w++) go[w] = gout[b0 + w];
+        V g = LOADU(go);
+        const V *Jg = (const V *)J + gi * nw;
+        for (long i = 0; i < nw; i++) acc[i] = FMA(Jg[i], g, acc[i]);
+    }
+    for (long i = 0; i < pv; i++) gK[i] += NAME(lanes_sum)(acc[i]);
+    if (has_A)
+        for (long i = 0; i < pv; i++) gA[i] += scale * NAME(lanes_sum)(acc[pv + i]);
+    for (int i = 0; i < L * H; i++) gr[i] += scale * NAME(lanes_sum)(acc[2 * pv + i]);
+    free(acc);
+    return 0;
+}
+
 #undef Spec
 #endif

@@ -48,6 +48,10 @@ NATIVE = native_kernels.ENABLED
 #: ka_forward keeps every group's weights h̃(S) for the backward (4 bytes × (2 (n+1) n + n) per prompt and head at L = 3
 #: in float32); False: the backward replays the whole forward per group instead (no memory, the exps twice)
 KEEP = False
+#: with gradients on, ka_jacobian runs the backward inside the forward for a unit output gradient and keeps every
+#: prompt's d out / d(K, A, r) (4 bytes x (2 L H d² + L H) per prompt in float32), so the backward is one product with
+#: the output gradient (ka_vjp), no replay; a batch whose Jacobian would pass this many bytes replays instead
+JACOBIAN_BYTES = 1 << 28
 ACT_CODES = {"linear": 0, "relu": 1, "exp": 2, "softmax": 3}
 _SOURCE = Path(__file__).with_name("_kernel_attn.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int
@@ -58,6 +62,8 @@ _SIGNATURES = {
         ("ka_kept", ([_I] * 5, ctypes.c_long)),
         ("ka_forward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I)),
         ("ka_backward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 8, _I)),
+        ("ka_jacobian", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I)),
+        ("ka_vjp", ([_I] * 5 + [R] + [_P] * 5, _I)),
     )
 }
 
@@ -139,7 +145,7 @@ class _Stack(torch.autograd.Function):
     def forward(
         ctx: Any, x: Tensor, y: Tensor, xq: Tensor, K: Tensor, A: Tensor, r: Tensor, meta: tuple[Any, ...]
     ) -> Tensor:
-        n, acts, scale, cap, chunk, has_A = meta
+        n, acts, scale, cap, chunk, has_A, _grad = meta
         rs, A_ = r.tolist(), (A if has_A else None)
         d = x.shape[-1]
 
@@ -160,7 +166,7 @@ class _Stack(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         K, A, r = ctx.saved_tensors
-        n, acts, scale, _cap, chunk, has_A = ctx.meta
+        n, acts, scale, _cap, chunk, has_A, _grad = ctx.meta
         A_ = A if has_A else None
         rs = r.tolist()
 
@@ -281,7 +287,9 @@ def _backward_chunk(
 
 class _NativeStack(torch.autograd.Function):
     """:class:`_Stack` by the C kernel ``_kernel_attn.c`` (CPU, float32: 8 prompts per AVX2 vector, float64: 4),
-    each target row's scores, weights and adjoints in registers. Nothing is kept for the backward but the inputs (it
+    each target row's scores, weights and adjoints in registers. With gradients on, the forward also runs the backward
+    for a unit output gradient and keeps every prompt's d out / d(K, A, r) (:data:`JACOBIAN_BYTES` at most), so the
+    backward is one product with the output gradient. Past that budget nothing is kept but the inputs (the backward
     replays the forward per group), or with :data:`KEEP` the weights h̃(S). The batch is split into the parts
     :func:`kernel_stack` chooses, one C call per part with its own gradient sums, added in order: the same numbers on
     any thread count."""
@@ -290,7 +298,7 @@ class _NativeStack(torch.autograd.Function):
     def forward(
         ctx: Any, x: Tensor, y: Tensor, xq: Tensor, K: Tensor, A: Tensor, r: Tensor, meta: tuple[Any, ...]
     ) -> Tensor:
-        n, acts, scale, cap, chunk, has_A = meta
+        n, acts, scale, cap, chunk, has_A, grad = meta
         lib = native()
         x, y, xq = x.contiguous(), y.contiguous(), xq.contiguous()
         K, A, r = K.detach().contiguous(), A.detach().contiguous(), r.detach().contiguous()
@@ -300,7 +308,14 @@ class _NativeStack(torch.autograd.Function):
         forward, kept = getattr(lib, f"ka_forward_{tag}"), getattr(lib, f"ka_kept_{tag}")
         bounds = [(s, min(s + chunk, x.shape[0])) for s in range(0, x.shape[0], chunk)]
         out = x.new_empty(x.shape[0])
-        states = [x.new_empty(kept(e - s, L, H, d, n)) if KEEP else None for s, e in bounds]
+        lanes = 8 if x.dtype == torch.float32 else 4
+        nw = 2 * L * H * d * d + L * H
+        groups = [-(-(e - s) // lanes) * lanes for s, e in bounds]
+        jacobian = grad and sum(groups) * nw * x.element_size() <= JACOBIAN_BYTES
+        if jacobian:
+            forward, states = getattr(lib, f"ka_jacobian_{tag}"), [x.new_empty(g * nw) for g in groups]
+        else:
+            states = [x.new_empty(kept(e - s, L, H, d, n)) if KEEP and grad else None for s, e in bounds]
         common = (L, H, d, n, codes.data_ptr(), K.data_ptr(), A.data_ptr() if has_A else None, r.data_ptr(),
                   scale, cap is not None, 0.0 if cap is None else cap)  # fmt: skip
 
@@ -311,22 +326,28 @@ class _NativeStack(torch.autograd.Function):
 
         _check(map_on_threads(run, range(len(bounds))))
         ctx.meta, ctx.states, ctx.bounds, ctx.common, ctx.codes, ctx.tag = meta, states, bounds, common, codes, tag
+        ctx.jacobian = jacobian
         ctx.save_for_backward(x, y, xq, K, A, r)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         x, y, xq, K, A, r = ctx.saved_tensors
-        has_A = ctx.meta[-1]
+        has_A = ctx.meta[-2]
         backward, grad = getattr(native(), f"ka_backward_{ctx.tag}"), grad.contiguous()
+        vjp = getattr(native(), f"ka_vjp_{ctx.tag}")
         bounds, common = ctx.bounds, ctx.common
+        L, H, d, scale = common[0], common[1], common[2], common[8]
 
         def run(p: int) -> tuple[Tensor, Tensor, Tensor]:
             s, e = bounds[p]
             gK, gA, gr = torch.zeros_like(K), torch.zeros_like(A), torch.zeros_like(r)
-            data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr())
-            code = backward(e - s, *common, *data, _ptr(ctx.states[p]), grad[s:e].data_ptr(),
-                                   gK.data_ptr(), gA.data_ptr() if has_A else None, gr.data_ptr())  # fmt: skip
+            grads = (gK.data_ptr(), gA.data_ptr() if has_A else None, gr.data_ptr())
+            if ctx.jacobian:
+                code = vjp(e - s, L, H, d, has_A, scale, ctx.states[p].data_ptr(), grad[s:e].data_ptr(), *grads)
+            else:
+                data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr())
+                code = backward(e - s, *common, *data, _ptr(ctx.states[p]), grad[s:e].data_ptr(), *grads)
             _check([code])
             return gK, gA, gr
 
@@ -379,7 +400,8 @@ def kernel_stack(
         # gradient's rounding) that does not depend on the thread count
         parts = math.ceil(math.ceil(B / chunk) / 4) * 4
         chunk = math.ceil(B / parts)
-    meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None)
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (K, A, r))
+    meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None, grad)
     A_arg = A if A is not None else K.new_zeros(0)
     node = _NativeStack if _uses_native(x, n) else _Stack
     return node.apply(x, y, x_query, K, A_arg, r, meta)
