@@ -19,7 +19,7 @@
    prompt's d out / d(weights) (lanes, one row per group); bl_vjp_* is then the whole backward of the step: a product
    with the output gradient, no replay.
 
-   DIM is a compile-time constant (-DDIM=13): every DIM-long loop is unrolled and its vectors stay in registers.
+   Denormals are flushed to zero inside the calls. DIM is a compile-time constant (-DDIM=13): every DIM-long loop is unrolled and its vectors stay in registers.
    LIVE (-DLIVE=d+1): a first FFN reads the prompt's first LIVE entries alone (the others are scratch zeros).
    The lane count is the target's: 16 floats with AVX-512, else 8 (AVX2); doubles half that. Compiled as two
    instances by including itself: float32 (suffix _f32) and float64 (_f64). Built by iclab.core.native.load(). */
@@ -69,7 +69,8 @@ int bl_lanes_f64(void) { return VBYTES / 8; }
 #define NAME(f) f##_f32
 #if VBYTES == 64
 #define SPLAT(w) ((vec)_mm512_set1_ps(w))
-#define LANE_INDEX(s) _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(s))
+#define LANE_INDEX(s)                                                                                                \
+    _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(s))
 #define GATHER(p, idx) ((vec)_mm512_i32gather_ps(idx, p, 4))
 #else
 #define SPLAT(w) ((vec)_mm256_set1_ps(w))
@@ -113,7 +114,7 @@ static void NAME(load_group)(const real *z0, long b0, int m, int T, vec *X) {
     }
 }
 
-/* ---- forward sub-layers, in place --------------------------------------------------------------------------- */
+/* ---- forward sub-layers (Y = layer(X), Y may be X) ----------------------------------------------------------- */
 
 /* a, b of one token: a = W_0 x[:K], b = W_1 x[:K] (columns :K of the d̄ x d̄ weights; x[K:d̄] is zero) */
 static inline __attribute__((always_inline)) void NAME(ffn_ab)(const vec *x, const real *W0, const real *W1, vec *a,
@@ -502,12 +503,15 @@ int NAME(bl_forward)(long B, int n, int L, const int *kinds, int H, const real *
     const int T = n + 1;
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, 1, 0)) return 1;
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ: no denormal slow path */
     for (long b0 = 0; b0 < B; b0 += W) {
         int m = B - b0 < W ? (int)(B - b0) : W;
         NAME(load_group)(z0, b0, m, T, s.Xs);
         vec y = NAME(forward_group)(&s, n, L, kinds, H, wts, off, 0);
         for (int l = 0; l < m; l++) out[b0 + l] = y[l];
     }
+    _mm_setcsr(csr);
     free(s.buf);
     return 0;
 }
@@ -519,12 +523,15 @@ int NAME(bl_backward)(long B, int n, int L, const int *kinds, int H, const real 
     const long nw = NAME(wsize)(L, kinds, H);
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, L, (size_t)nw)) return 1;
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
     for (long b0 = 0; b0 < B; b0 += W) {
         int m = B - b0 < W ? (int)(B - b0) : W;
         NAME(load_group)(z0, b0, m, T, s.Xs);
         NAME(forward_group)(&s, n, L, kinds, H, wts, off, 1);
         NAME(backward_group)(&s, n, L, kinds, H, wts, off, NAME(lanes_of)(gout + b0, m), s.extra);
     }
+    _mm_setcsr(csr);
     NAME(add_lanes)(s.extra, nw, gw);
     free(s.buf);
     return 0;
@@ -538,6 +545,8 @@ int NAME(bl_jacobian)(long B, int n, int L, const int *kinds, int H, const real 
     const long nw = NAME(wsize)(L, kinds, H);
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, L, 0)) return 1;
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
     vec *Jv = (vec *)J;
     for (long b0 = 0, g = 0; b0 < B; b0 += W, g++) {
         int m = B - b0 < W ? (int)(B - b0) : W;
@@ -549,6 +558,7 @@ int NAME(bl_jacobian)(long B, int n, int L, const int *kinds, int H, const real 
         memset(Jv + g * nw, 0, sizeof(vec) * (size_t)nw);
         NAME(backward_group)(&s, n, L, kinds, H, wts, off, one, Jv + g * nw);
     }
+    _mm_setcsr(csr);
     free(s.buf);
     return 0;
 }
