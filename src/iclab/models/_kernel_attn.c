@@ -13,6 +13,8 @@
    many reals), so that ka_backward_* replays only the products (z_l, U) before the backward; without them it replays
    the whole forward. The backward adds dL/dK, dL/dA, dL/dr for dL/d(out) = gout into gK, gA, gr: sums in lanes, then
    over lanes in a fixed order, so the result depends on the caller's split of the batch, not on its threads.
+   ka_jacobian_* instead runs each group's backward inside the forward for dL/d(out) = 1 and writes every prompt's
+   d out / d(K, A, r) (lanes, one row per group); ka_vjp_* is then the whole backward: no replay.
 
    The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
    _f64); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
@@ -111,12 +113,15 @@ typedef struct {
 
 static int NAME(rows_of)(const Spec *s, int l) { return l == s->L - 1 ? 1 : s->T; }
 
-/* vectors of a group's scratch: per layer z_l (l >= 1), then per head P (Tt x n) and U (D x Tt) */
-static long NAME(scratch_vectors)(const Spec *s) {
+/* A group's scratch: per layer z_l (l >= 1), then per head P (Tt x n) and U (D x Tt). Writes where layer l's heads
+   and z_l start (heads, zs: L entries each; zs[0] unused) and returns its size in vectors: the one walk of the layout
+   that forward_group follows. */
+static long NAME(layout)(const Spec *s, long *heads, long *zs) {
     long v = 0;
     for (int l = 0; l < s->L; l++) {
         int Tt = NAME(rows_of)(s, l);
-        if (l > 0) v += (long)s->D * s->T;
+        if (l > 0) zs[l] = v, v += (long)s->D * s->T;
+        heads[l] = v;
         v += (long)s->H * ((long)Tt * s->n + (long)s->D * Tt);
     }
     return v;
@@ -129,27 +134,14 @@ static long NAME(kept_vectors)(const Spec *s) {
     return v;
 }
 
-/* the weights P of a group, from its scratch into `kept` (to = 0) or back (to = 1) */
-static void NAME(copy_kept)(const Spec *s, V *full, V *kept, int to) {
+/* the weights P of a group, from its scratch (laid out by `heads`) into `kept` (to = 0) or back (to = 1) */
+static void NAME(copy_kept)(const Spec *s, const long *heads, V *full, V *kept, int to) {
     for (int l = 0; l < s->L; l++) {
-        int Tt = NAME(rows_of)(s, l);
-        if (l > 0) full += (long)s->D * s->T;
-        for (int h = 0; h < s->H; h++) {
-            long np = (long)Tt * s->n;
-            memcpy(to ? full : kept, to ? kept : full, sizeof(V) * np);
-            full += np + (long)s->D * Tt, kept += np;
+        long Tt = NAME(rows_of)(s, l), np = Tt * s->n;
+        for (int h = 0; h < s->H; h++, kept += np) {
+            V *P = full + heads[l] + h * (np + (long)s->D * Tt);
+            memcpy(to ? P : kept, to ? kept : P, sizeof(V) * np);
         }
-    }
-}
-
-/* where layer l's heads and z_l (l >= 1) start in a group's scratch */
-static void NAME(offsets)(const Spec *s, long *heads, long *zs) {
-    long v = 0;
-    for (int l = 0; l < s->L; l++) {
-        int Tt = NAME(rows_of)(s, l);
-        if (l > 0) zs[l] = v, v += (long)s->D * s->T;
-        heads[l] = v;
-        v += (long)s->H * ((long)Tt * s->n + (long)s->D * Tt);
     }
 }
 
@@ -351,21 +343,26 @@ int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const r
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
     unsigned csr = _mm_getcsr();
-    long sv = NAME(scratch_vectors)(&s), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
+    long *heads = malloc(sizeof(long) * L * 2);
+    if (!heads) return 1;
+    long sv = NAME(layout)(&s, heads, heads + L), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
     V *buf = aligned_alloc(32, sizeof(V) * (2 * zv + sv));
-    if (!buf) return 1;
+    if (!buf) {
+        free(heads);
+        return 1;
+    }
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
     V *z0 = buf, *zn = buf + zv, *full = buf + 2 * zv;
     for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
         int nb = B - b0 < W ? (int)(B - b0) : W;
         NAME(gather)(&s, x, y, xq, b0, nb, z0);
         NAME(forward_group)(&s, z0, zn, full, 0);
-        if (kept) NAME(copy_kept)(&s, full, (V *)kept + gi * kv, 0);
+        if (kept) NAME(copy_kept)(&s, heads, full, (V *)kept + gi * kv, 0);
         real o[W];
         STOREU(o, zn[d * s.T + n]);
         for (int w = 0; w < nb; w++) out[b0 + w] = o[w];
     }
-    free(buf), _mm_setcsr(csr);
+    free(heads), free(buf), _mm_setcsr(csr);
     return 0;
 }
 
@@ -378,9 +375,10 @@ int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const 
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
     unsigned csr = _mm_getcsr();
-    long sv = NAME(scratch_vectors)(&s), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
-    long pv = (long)L * H * d * d;
     long *heads = malloc(sizeof(long) * L * 2);
+    if (!heads) return 1;
+    long sv = NAME(layout)(&s, heads, heads + L), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
+    long pv = (long)L * H * d * d;
     V *buf = aligned_alloc(32, sizeof(V) * (4 * zv + 2 * pv + L * H + sv));
     if (!heads || !buf) {
         free(heads), free(buf);
@@ -390,11 +388,10 @@ int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const 
     V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv, *accK = buf + 4 * zv;
     V *accA = accK + pv, *accr = accA + pv, *full = accr + L * H;
     memset(accK, 0, sizeof(V) * (2 * pv + L * H));
-    NAME(offsets)(&s, heads, heads + L);
     for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
         int nb = B - b0 < W ? (int)(B - b0) : W;
         NAME(gather)(&s, x, y, xq, b0, nb, z0);
-        if (kept) NAME(copy_kept)(&s, full, (V *)kept + gi * kv, 1);
+        if (kept) NAME(copy_kept)(&s, heads, full, (V *)kept + gi * kv, 1);
         NAME(forward_group)(&s, z0, zn, full, kept != NULL);
         real go[W] = {0};
         for (int w = 0; w < nb; w++) go[w] = gout[b0 + w];
@@ -419,8 +416,9 @@ int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const 
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
     unsigned csr = _mm_getcsr();
-    long sv = NAME(scratch_vectors)(&s), zv = (long)s.D * s.T, pv = (long)L * H * d * d, nw = 2 * pv + L * H;
     long *heads = malloc(sizeof(long) * L * 2);
+    if (!heads) return 1;
+    long sv = NAME(layout)(&s, heads, heads + L), zv = (long)s.D * s.T, pv = (long)L * H * d * d, nw = 2 * pv + L * H;
     V *buf = aligned_alloc(32, sizeof(V) * (4 * zv + sv));
     if (!heads || !buf) {
         free(heads), free(buf);
@@ -428,7 +426,6 @@ int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const 
     }
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
     V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv, *full = buf + 4 * zv;
-    NAME(offsets)(&s, heads, heads + L);
     for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
         int nb = B - b0 < W ? (int)(B - b0) : W;
         V *acc = (V *)J + gi * nw;
