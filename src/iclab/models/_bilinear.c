@@ -19,7 +19,8 @@
    prompt's d out / d(weights) (lanes, one row per group); bl_vjp_* is then the whole backward of the step: a product
    with the output gradient, no replay.
 
-   Denormals are flushed to zero inside the calls. DIM is a compile-time constant (-DDIM=13): every DIM-long loop is unrolled and its vectors stay in registers.
+   Denormals are flushed to zero inside the calls. DIM is a compile-time constant (-DDIM=13): every DIM-long loop is
+   unrolled and its vectors stay in registers.
    LIVE (-DLIVE=d+1): a first FFN reads the prompt's first LIVE entries alone (the others are scratch zeros).
    The lane count is the target's: 16 floats with AVX-512, else 8 (AVX2); doubles half that. Compiled as two
    instances by including itself: float32 (suffix _f32) and float64 (_f64). Built by iclab.core.native.load(). */
@@ -171,37 +172,37 @@ static void NAME(gram)(const vec *X, int n, vec *G) {
     UNROLL for (int r = 0; r < DIM; r++) UNROLL for (int c = 0; c < r; c++) G[r * DIM + c] = G[c * DIM + r];
 }
 
-/* M = P G for one head (P scalar DIM x DIM, G vectors) */
-static void NAME(left_mul)(const real *P, const vec *G, vec *M) {
-    for (int r = 0; r < DIM; r++) {
-        vec acc[DIM];
-        UNROLL for (int c = 0; c < DIM; c++) acc[c] = G[c] * P[r * DIM];
-        for (int k = 1; k < DIM; k++) {
-            real p = P[r * DIM + k];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] += G[k * DIM + c] * p;
-        }
-        UNROLL for (int c = 0; c < DIM; c++) M[r * DIM + c] = acc[c];
+/* The DIM x DIM products of the per-prompt matrices: out[r][c] = f · Σ_k A(r, k) B(k, c) (add: out[r][c] += that),
+   A(r, k) = A[r ar + k ak], B(k, c) = B[k bk + c bc], so a transposed operand is a swap of its strides. Row r's DIM
+   sums stay in registers and each A(r, k) is loaded once; A, B are vectors (a per-prompt matrix) or reals (a weight,
+   broadcast). One definition per operand-type pair; inlined, the strides are constants. */
+#define BL_MATMUL(name, TA, TB)                                                                                      \
+    static inline __attribute__((always_inline)) void NAME(name)(const TA *A, int ar, int ak, const TB *B, int bk,  \
+                                                                 int bc, vec *out, int add, real f) {              \
+        for (int r = 0; r < DIM; r++) {                                                                            \
+            vec acc[DIM];                                                                                          \
+            TA a = A[r * ar];                                                                                      \
+            UNROLL for (int c = 0; c < DIM; c++) acc[c] = a * B[c * bc];                                           \
+            for (int k = 1; k < DIM; k++) {                                                                        \
+                a = A[r * ar + k * ak];                                                                            \
+                UNROLL for (int c = 0; c < DIM; c++) acc[c] += a * B[k * bk + c * bc];                             \
+            }                                                                                                      \
+            UNROLL for (int c = 0; c < DIM; c++)                                                                   \
+                out[r * DIM + c] = add ? out[r * DIM + c] + acc[c] * f : acc[c] * f;                              \
+        }                                                                                                          \
     }
-}
+BL_MATMUL(mm_vr, vec, real)
+BL_MATMUL(mm_rv, real, vec)
+BL_MATMUL(mm_vv, vec, vec)
+#undef BL_MATMUL
 
 /* R = I + Σ_h P_h G Q_h / n */
 static void NAME(transfer)(const vec *G, const real *P, const real *Q, int H, int n, vec *R, vec *M) {
     const real inv = (real)1 / n;
-    memset(R, 0, sizeof(vec) * DIM * DIM);
     for (int h = 0; h < H; h++) {
-        const real *Ph = P + h * DIM * DIM, *Qh = Q + h * DIM * DIM;
-        NAME(left_mul)(Ph, G, M);
-        for (int r = 0; r < DIM; r++) {
-            vec acc[DIM];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] = R[r * DIM + c];
-            for (int k = 0; k < DIM; k++) {
-                vec m = M[r * DIM + k];
-                UNROLL for (int c = 0; c < DIM; c++) acc[c] += m * Qh[k * DIM + c];
-            }
-            UNROLL for (int c = 0; c < DIM; c++) R[r * DIM + c] = acc[c];
-        }
+        NAME(mm_rv)(P + h * DIM * DIM, DIM, 1, G, DIM, 1, M, 0, 1);             /* M = P_h G */
+        NAME(mm_vr)(M, DIM, 1, Q + h * DIM * DIM, DIM, 1, R, h > 0, inv); /* R (+)= M Q_h / n */
     }
-    for (int i = 0; i < DIM * DIM; i++) R[i] *= inv;
     for (int r = 0; r < DIM; r++) R[r * DIM + r] += (real)1;
 }
 
@@ -256,8 +257,8 @@ static vec NAME(read_out)(const vec *X, int n, const vec *R) {
 
 /* The forward of one group, whose prompt is in plane 0 of Xs. ``keep``: plane l + 1 gets sub-layer l's output, so
    plane l keeps its input, and Gs, Rs get every attention layer's G and R (DIM x DIM vectors each, one per
-   sub-layer); else everything runs in plane 0 and one G, R. The last sub-layer (attention) updates the query alone: returns its label entry. M: DIM x DIM vectors of
-   scratch. */
+   sub-layer); else everything runs in plane 0 and one G, R (the scratch s's). The last sub-layer (attention)
+   updates the query alone: returns its label entry. */
 static vec NAME(forward_group)(const NAME(scratch_t) *s, int n, int L, const int *kinds, int H, const real *wts,
                                const long *off, int keep) {
     const int T = n + 1, mat = DIM * DIM;
@@ -312,57 +313,13 @@ static void NAME(attn_backward)(const vec *U, vec *Gt, int n, int H, const real 
     for (int h = 0; h < H; h++) {
         const real *Ph = P + h * DIM * DIM, *Qh = Q + h * DIM * DIM;
         vec *gPh = gP + h * DIM * DIM, *gQh = gQ + h * DIM * DIM;
-        /* M = G Q_h */
-        for (int r = 0; r < DIM; r++) {
-            vec acc[DIM];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] = G[r * DIM] * Qh[c];
-            for (int k = 1; k < DIM; k++) {
-                vec g = G[r * DIM + k];
-                UNROLL for (int c = 0; c < DIM; c++) acc[c] += g * Qh[k * DIM + c];
-            }
-            UNROLL for (int c = 0; c < DIM; c++) M[r * DIM + c] = acc[c];
-        }
-        /* dP_h[r][c] += Σ_k dR[r][k] M[c][k] / n (row r's sums in registers: one load per FMA) */
-        for (int r = 0; r < DIM; r++) {
-            vec acc[DIM], d = dR[r * DIM];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] = d * M[c * DIM];
-            for (int k = 1; k < DIM; k++) {
-                d = dR[r * DIM + k];
-                UNROLL for (int c = 0; c < DIM; c++) acc[c] += d * M[c * DIM + k];
-            }
-            UNROLL for (int c = 0; c < DIM; c++) gPh[r * DIM + c] += acc[c] * inv;
-        }
-        /* M = P_h G; dQ_h[r][c] += Σ_k M[k][r] dR[k][c] / n */
-        NAME(left_mul)(Ph, G, M);
-        for (int r = 0; r < DIM; r++) {
-            vec acc[DIM];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] = M[r] * dR[c];
-            for (int k = 1; k < DIM; k++) {
-                vec m = M[k * DIM + r];
-                UNROLL for (int c = 0; c < DIM; c++) acc[c] += m * dR[k * DIM + c];
-            }
-            UNROLL for (int c = 0; c < DIM; c++) gQh[r * DIM + c] += acc[c] * inv;
-        }
+        NAME(mm_vr)(G, DIM, 1, Qh, DIM, 1, M, 0, 1);         /* M = G Q_h */
+        NAME(mm_vv)(dR, DIM, 1, M, 1, DIM, gPh, 1, inv);     /* dP_h += dR Mᵀ / n */
+        NAME(mm_rv)(Ph, DIM, 1, G, DIM, 1, M, 0, 1);         /* M = P_h G */
+        NAME(mm_vv)(M, 1, DIM, dR, DIM, 1, gQh, 1, inv);     /* dQ_h += Mᵀ dR / n */
         if (first) continue;
-        /* N = P_hᵀ dR; dG[r][c] += Σ_k N[r][k] Q_h[c][k] / n */
-        for (int r = 0; r < DIM; r++) {
-            vec acc[DIM];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] = dR[c] * Ph[r];
-            for (int k = 1; k < DIM; k++) {
-                real p = Ph[k * DIM + r];
-                UNROLL for (int c = 0; c < DIM; c++) acc[c] += dR[k * DIM + c] * p;
-            }
-            UNROLL for (int c = 0; c < DIM; c++) N[r * DIM + c] = acc[c];
-        }
-        for (int r = 0; r < DIM; r++) {
-            vec acc[DIM], v = N[r * DIM];
-            UNROLL for (int c = 0; c < DIM; c++) acc[c] = v * Qh[c * DIM];
-            for (int k = 1; k < DIM; k++) {
-                v = N[r * DIM + k];
-                UNROLL for (int c = 0; c < DIM; c++) acc[c] += v * Qh[c * DIM + k];
-            }
-            UNROLL for (int c = 0; c < DIM; c++) S[r * DIM + c] += acc[c] * inv;
-        }
+        NAME(mm_rv)(Ph, 1, DIM, dR, DIM, 1, N, 0, 1);        /* N = P_hᵀ dR */
+        NAME(mm_vr)(N, DIM, 1, Qh, 1, DIM, S, 1, inv);       /* dG += N Q_hᵀ / n */
     }
     if (first) return; /* the prompt is data: no input gradient */
     /* S = dG + dGᵀ (in place: the upper triangle from both, then mirrored) */
@@ -516,22 +473,38 @@ int NAME(bl_forward)(long B, int n, int L, const int *kinds, int H, const real *
     return 0;
 }
 
+/* Every group forward (keeping its layers' inputs) and back. gout != NULL: dL/d(out) = gout, the lanes' weight
+   gradients summed into gv; gout == NULL: dL/d(out) = 1 in every used lane, each group's into its own row of gv
+   (nw vectors), and out[b] written. */
+static void NAME(groups_backward)(const NAME(scratch_t) *s, long B, int n, int L, const int *kinds, int H,
+                                  const real *z0, const real *wts, const long *off, const real *gout, real *out,
+                                  vec *gv) {
+    const long nw = NAME(wsize)(L, kinds, H);
+    const unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040);
+    for (long b0 = 0, g = 0; b0 < B; b0 += W, g++) {
+        int m = B - b0 < W ? (int)(B - b0) : W;
+        NAME(load_group)(z0, b0, m, n + 1, s->Xs);
+        vec y = NAME(forward_group)(s, n, L, kinds, H, wts, off, 1), seed = {0}, *to = gv;
+        if (gout) {
+            seed = NAME(lanes_of)(gout + b0, m);
+        } else {
+            for (int l = 0; l < m; l++) out[b0 + l] = y[l], seed[l] = 1;
+            to = gv + g * nw;
+            memset(to, 0, sizeof(vec) * (size_t)nw);
+        }
+        NAME(backward_group)(s, n, L, kinds, H, wts, off, seed, to);
+    }
+    _mm_setcsr(csr);
+}
+
 /* Adds dL/d(weights) to gw for dL/d(out[b]) = gout[b], replaying the forward. Returns 0, or 1 (no memory). */
 int NAME(bl_backward)(long B, int n, int L, const int *kinds, int H, const real *z0, const real *wts,
                       const long *off, const real *gout, real *gw) {
-    const int T = n + 1;
     const long nw = NAME(wsize)(L, kinds, H);
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, L, (size_t)nw)) return 1;
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);
-    for (long b0 = 0; b0 < B; b0 += W) {
-        int m = B - b0 < W ? (int)(B - b0) : W;
-        NAME(load_group)(z0, b0, m, T, s.Xs);
-        NAME(forward_group)(&s, n, L, kinds, H, wts, off, 1);
-        NAME(backward_group)(&s, n, L, kinds, H, wts, off, NAME(lanes_of)(gout + b0, m), s.extra);
-    }
-    _mm_setcsr(csr);
+    NAME(groups_backward)(&s, B, n, L, kinds, H, z0, wts, off, gout, NULL, s.extra);
     NAME(add_lanes)(s.extra, nw, gw);
     free(s.buf);
     return 0;
@@ -541,24 +514,9 @@ int NAME(bl_backward)(long B, int n, int L, const int *kinds, int H, const real 
    backward of the step is then bl_vjp: no replay. Returns 0, or 1 (no memory). */
 int NAME(bl_jacobian)(long B, int n, int L, const int *kinds, int H, const real *z0, const real *wts,
                       const long *off, real *out, real *J) {
-    const int T = n + 1;
-    const long nw = NAME(wsize)(L, kinds, H);
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, L, 0)) return 1;
-    const unsigned csr = _mm_getcsr();
-    _mm_setcsr(csr | 0x8040);
-    vec *Jv = (vec *)J;
-    for (long b0 = 0, g = 0; b0 < B; b0 += W, g++) {
-        int m = B - b0 < W ? (int)(B - b0) : W;
-        NAME(load_group)(z0, b0, m, T, s.Xs);
-        vec y = NAME(forward_group)(&s, n, L, kinds, H, wts, off, 1);
-        for (int l = 0; l < m; l++) out[b0 + l] = y[l];
-        vec one = {0};
-        for (int l = 0; l < m; l++) one[l] = 1;
-        memset(Jv + g * nw, 0, sizeof(vec) * (size_t)nw);
-        NAME(backward_group)(&s, n, L, kinds, H, wts, off, one, Jv + g * nw);
-    }
-    _mm_setcsr(csr);
+    NAME(groups_backward)(&s, B, n, L, kinds, H, z0, wts, off, NULL, out, (vec *)J);
     free(s.buf);
     return 0;
 }
