@@ -335,6 +335,16 @@ long NAME(ka_kept)(int B, int L, int H, int d, int n) {
     return ((long)B + W - 1) / W * NAME(kept_vectors)(&s) * W;
 }
 
+/* A call's scratch: `before` vectors, then one group's scratch laid out by `heads` (L + L offsets, allocated here);
+   NULL (nothing left allocated) if out of memory */
+static V *NAME(scratch)(const Spec *s, long **heads, long before) {
+    *heads = malloc(sizeof(long) * s->L * 2);
+    if (!*heads) return NULL;
+    V *buf = aligned_alloc(32, sizeof(V) * (before + NAME(layout)(s, *heads, *heads + s->L)));
+    if (!buf) free(*heads);
+    return buf;
+}
+
 /* out (B) from x (B x n x d), y (B x n), xq (B x d), and (kept != NULL) the weights for ka_backward;
    0, 1 if out of memory, 2 if d > DMAX or n > NMAX */
 int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
@@ -342,15 +352,10 @@ int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const r
                      real *kept) {
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
+    long *heads, kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
+    V *buf = NAME(scratch)(&s, &heads, 2 * zv);
+    if (!buf) return 1;
     unsigned csr = _mm_getcsr();
-    long *heads = malloc(sizeof(long) * L * 2);
-    if (!heads) return 1;
-    long sv = NAME(layout)(&s, heads, heads + L), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
-    V *buf = aligned_alloc(32, sizeof(V) * (2 * zv + sv));
-    if (!buf) {
-        free(heads);
-        return 1;
-    }
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
     V *z0 = buf, *zn = buf + zv, *full = buf + 2 * zv;
     for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
@@ -366,6 +371,37 @@ int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const r
     return 0;
 }
 
+/* Every group forward (from the kept weights when kept != NULL) and back, in the scratch z0, zn, gz, gin (4 D x T
+   vectors at buf) and full. gout != NULL: dL/d(out) = gout, the lanes' gradients summed into acc (K, A, r:
+   2 L H d² + L H vectors); gout == NULL: dL/d(out) = 1 in every used lane, each group's into its own row of acc, and
+   out written. */
+static void NAME(groups_backward)(const Spec *s, const long *heads, V *buf, V *full, int B, const real *x,
+                                  const real *y, const real *xq, const real *kept, const real *gout, real *out,
+                                  V *acc) {
+    int L = s->L, d = s->d, n = s->n, T = s->T;
+    long zv = (long)s->D * T, kv = NAME(kept_vectors)(s), pv = (long)L * s->H * d * d, nw = 2 * pv + L * s->H;
+    V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv;
+    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(s, x, y, xq, b0, nb, z0);
+        if (kept) NAME(copy_kept)(s, heads, full, (V *)kept + gi * kv, 1);
+        NAME(forward_group)(s, z0, zn, full, kept != NULL);
+        real seed[W] = {0}, o[W];
+        V *to = acc;
+        if (gout) {
+            for (int w = 0; w < nb; w++) seed[w] = gout[b0 + w];
+        } else {
+            STOREU(o, zn[d * T + n]);
+            for (int w = 0; w < nb; w++) out[b0 + w] = o[w], seed[w] = 1;
+            to = acc + gi * nw;
+            memset(to, 0, sizeof(V) * nw);
+        }
+        memset(gz, 0, sizeof(V) * zv);
+        gz[d * T + n] = LOADU(seed);
+        NAME(backward_group)(s, z0, full, heads, heads + L, gz, gin, to, to + pv, to + 2 * pv);
+    }
+}
+
 /* gK, gA (L x H x d x d; A == NULL: not touched), gr (L x H) += the gradients of Σ_b gout_b out_b, the forward
    replayed per group from the kept weights (only the products) or in full (kept == NULL); 0, 1 if out of memory,
    2 if d > DMAX or n > NMAX */
@@ -374,35 +410,18 @@ int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const 
                       const real *kept, const real *gout, real *gK, real *gA, real *gr) {
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
+    long *heads, zv = (long)s.D * s.T, pv = (long)L * H * d * d, nw = 2 * pv + L * H;
+    V *buf = NAME(scratch)(&s, &heads, 4 * zv + nw);
+    if (!buf) return 1;
     unsigned csr = _mm_getcsr();
-    long *heads = malloc(sizeof(long) * L * 2);
-    if (!heads) return 1;
-    long sv = NAME(layout)(&s, heads, heads + L), kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
-    long pv = (long)L * H * d * d;
-    V *buf = aligned_alloc(32, sizeof(V) * (4 * zv + 2 * pv + L * H + sv));
-    if (!heads || !buf) {
-        free(heads), free(buf);
-        return 1;
-    }
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
-    V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv, *accK = buf + 4 * zv;
-    V *accA = accK + pv, *accr = accA + pv, *full = accr + L * H;
-    memset(accK, 0, sizeof(V) * (2 * pv + L * H));
-    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
-        int nb = B - b0 < W ? (int)(B - b0) : W;
-        NAME(gather)(&s, x, y, xq, b0, nb, z0);
-        if (kept) NAME(copy_kept)(&s, heads, full, (V *)kept + gi * kv, 1);
-        NAME(forward_group)(&s, z0, zn, full, kept != NULL);
-        real go[W] = {0};
-        for (int w = 0; w < nb; w++) go[w] = gout[b0 + w];
-        memset(gz, 0, sizeof(V) * zv);
-        gz[s.d * s.T + n] = LOADU(go);
-        NAME(backward_group)(&s, z0, full, heads, heads + L, gz, gin, accK, accA, accr);
-    }
-    for (long i = 0; i < pv; i++) gK[i] += NAME(lanes_sum)(accK[i]);
+    V *acc = buf + 4 * zv;
+    memset(acc, 0, sizeof(V) * nw);
+    NAME(groups_backward)(&s, heads, buf, acc + nw, B, x, y, xq, kept, gout, NULL, acc);
+    for (long i = 0; i < pv; i++) gK[i] += NAME(lanes_sum)(acc[i]);
     if (A)
-        for (long i = 0; i < pv; i++) gA[i] += scale * NAME(lanes_sum)(accA[i]);
-    for (int i = 0; i < L * H; i++) gr[i] += scale * NAME(lanes_sum)(accr[i]);
+        for (long i = 0; i < pv; i++) gA[i] += scale * NAME(lanes_sum)(acc[pv + i]);
+    for (int i = 0; i < L * H; i++) gr[i] += scale * NAME(lanes_sum)(acc[2 * pv + i]);
     free(heads), free(buf), _mm_setcsr(csr);
     return 0;
 }
@@ -415,30 +434,12 @@ int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const 
                       real *J) {
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
+    long *heads, zv = (long)s.D * s.T;
+    V *buf = NAME(scratch)(&s, &heads, 4 * zv);
+    if (!buf) return 1;
     unsigned csr = _mm_getcsr();
-    long *heads = malloc(sizeof(long) * L * 2);
-    if (!heads) return 1;
-    long sv = NAME(layout)(&s, heads, heads + L), zv = (long)s.D * s.T, pv = (long)L * H * d * d, nw = 2 * pv + L * H;
-    V *buf = aligned_alloc(32, sizeof(V) * (4 * zv + sv));
-    if (!heads || !buf) {
-        free(heads), free(buf);
-        return 1;
-    }
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
-    V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv, *full = buf + 4 * zv;
-    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
-        int nb = B - b0 < W ? (int)(B - b0) : W;
-        V *acc = (V *)J + gi * nw;
-        NAME(gather)(&s, x, y, xq, b0, nb, z0);
-        NAME(forward_group)(&s, z0, zn, full, 0);
-        real o[W], one[W] = {0};
-        STOREU(o, zn[d * s.T + n]);
-        for (int w = 0; w < nb; w++) out[b0 + w] = o[w], one[w] = 1;
-        memset(acc, 0, sizeof(V) * nw);
-        memset(gz, 0, sizeof(V) * zv);
-        gz[s.d * s.T + n] = LOADU(one);
-        NAME(backward_group)(&s, z0, full, heads, heads + L, gz, gin, acc, acc + pv, acc + 2 * pv);
-    }
+    NAME(groups_backward)(&s, heads, buf, buf + 4 * zv, B, x, y, xq, NULL, NULL, out, (V *)J);
     free(heads), free(buf), _mm_setcsr(csr);
     return 0;
 }
