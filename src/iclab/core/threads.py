@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -40,3 +41,10 @@ def map_on_threads(fn: Callable[[_I], _T], items: Sequence[_I], on_gpu: bool = F
         return list(pool.map(job, items))
     finally:
         torch.set_num_threads(workers)
+
+
+def split_evenly(total: int, most: int) -> int:
+    """The part size that splits ``total`` items into a multiple of 4 parts of at most ``most``: even work on 1, 2 or
+    4 threads, and a split (hence the rounding of sums over the parts) that does not depend on the thread count."""
+    parts = math.ceil(math.ceil(total / most) / 4) * 4
+    return math.ceil(total / parts)

@@ -45,7 +45,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from iclab.core import native as native_kernels
-from iclab.core.threads import map_on_threads
+from iclab.core.threads import map_on_threads, split_evenly
 
 CHUNK = 64  # prompts per chunk: a (13, 64, 201) float32 chunk is 669 KB, its [b; a] 1.2 MB (32-96 within 10%)
 #: run float32 and float64 CPU passes by the C kernel ``_bilinear.c`` (:class:`_NativeStack`) where it can be built
@@ -266,8 +266,7 @@ class _NativeStack(torch.autograd.Function):
         lib, tag = native(z0.shape[-1], live), "f32" if z0.dtype == torch.float32 else "f64"
         lanes = getattr(lib, f"bl_lanes_{tag}")()
         B = z0.shape[0]
-        parts = math.ceil(math.ceil(B / NATIVE_PART) / 4) * 4
-        step = math.ceil(B / parts)
+        step = split_evenly(B, NATIVE_PART)
         bounds = [(s, min(s + step, B)) for s in range(0, B, step)]
         common = (n, L, codes.data_ptr(), H)
         groups = [math.ceil((e - s) / lanes) * lanes for s, e in bounds]

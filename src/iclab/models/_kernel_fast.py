@@ -29,7 +29,6 @@ value pattern; docs/performance.md has the timings beside the authors' code.
 from __future__ import annotations
 
 import ctypes
-import math
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ import torch
 from torch import Tensor
 
 from iclab.core import native as native_kernels
-from iclab.core.threads import map_on_threads
+from iclab.core.threads import map_on_threads, split_evenly
 
 CHUNK = 2048  # prompts per block: a (T, n, CHUNK) float32 score block is 1.7 MB at n = 14
 MIN_SPLIT = 256  # batches under 4 × this many prompts keep the given chunk
@@ -396,10 +395,7 @@ def kernel_stack(
     """
     B = x.shape[0]
     if not x.is_cuda and B >= 4 * MIN_SPLIT:
-        # a multiple of 4 chunks of at most ``chunk`` prompts: even work on 1, 2 or 4 threads, and a split (hence the
-        # gradient's rounding) that does not depend on the thread count
-        parts = math.ceil(math.ceil(B / chunk) / 4) * 4
-        chunk = math.ceil(B / parts)
+        chunk = split_evenly(B, chunk)
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (K, A, r))
     meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None, grad)
     A_arg = A if A is not None else K.new_zeros(0)

@@ -289,20 +289,20 @@ def select_snapshot(result: TrainResult, last: int, val: Any) -> tuple[LinearTra
     its step: the authors' model selection of Figs 6 and 7 (the best of the last 10 / 20 checkpoints, every 100
     steps, on a validation batch)."""
     model = result.model.double().cpu()
-    steps = result.snapshot_steps[-last:]
     params = dict(model.named_parameters())
-    best: tuple[float, int] | None = None
-    for i in range(len(result.snapshot_steps) - len(steps), len(result.snapshot_steps)):
+
+    def load(i: int) -> None:
         with torch.no_grad():
             for k, p in params.items():
                 p.copy_(result.snapshots[k][i])
-        loss = th.episode_loss(model, val)
-        if best is None or loss < best[0]:  # nan never wins
-            best = (loss, i)
-    i = best[1] if best is not None else len(result.snapshot_steps) - 1
-    with torch.no_grad():
-        for k, p in params.items():
-            p.copy_(result.snapshots[k][i])
+
+    count = len(result.snapshot_steps)
+    losses = {}
+    for i in range(max(count - last, 0), count):
+        load(i)
+        losses[i] = th.episode_loss(model, val)
+    i = min(losses, key=lambda i: (math.isnan(losses[i]), losses[i]))  # the first lowest; a nan never wins
+    load(i)
     return model, result.snapshot_steps[i]
 
 
