@@ -128,6 +128,8 @@ def test_the_c_kernel_is_built_where_a_compiler_is() -> None:
     assert _kernel_fast.native() is not None
     assert _kernel_fast._uses_native(torch.zeros(4, 6, 5), 6)
     assert not _kernel_fast._uses_native(torch.zeros(4, 6, 33), 6)  # d over the kernel's limit: the torch code
+    lib = _kernel_fast.native()
+    assert (lib.ka_lanes_f32(), lib.ka_lanes_f64()) == (8, 4)  # AVX2: the sizes the Jacobian is rounded to
 
 
 @pytest.mark.parametrize("acts", CASES, ids=["-".join(c) for c in CASES])

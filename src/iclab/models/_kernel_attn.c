@@ -329,6 +329,9 @@ static Spec NAME(spec)(int L, int H, int d, int n, const int *acts, const real *
     return s;
 }
 
+/* prompts per vector: the group size the Python side rounds a batch part up to when it sizes the Jacobian */
+int NAME(ka_lanes)(void) { return W; }
+
 /* reals kept for B prompts between ka_forward and ka_backward */
 long NAME(ka_kept)(int B, int L, int H, int d, int n) {
     Spec s = NAME(spec)(L, H, d, n, NULL, NULL, NULL, NULL, 1, 0, 0);

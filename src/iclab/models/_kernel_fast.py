@@ -58,6 +58,7 @@ _SIGNATURES = {
     f"{fn}_{tag}": sig
     for tag, R in (("f32", ctypes.c_float), ("f64", ctypes.c_double))
     for fn, sig in (
+        ("ka_lanes", ([], _I)),
         ("ka_kept", ([_I] * 5, ctypes.c_long)),
         ("ka_forward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I)),
         ("ka_backward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 8, _I)),
@@ -307,7 +308,7 @@ class _NativeStack(torch.autograd.Function):
         forward, kept = getattr(lib, f"ka_forward_{tag}"), getattr(lib, f"ka_kept_{tag}")
         bounds = [(s, min(s + chunk, x.shape[0])) for s in range(0, x.shape[0], chunk)]
         out = x.new_empty(x.shape[0])
-        lanes = 8 if x.dtype == torch.float32 else 4
+        lanes = getattr(lib, f"ka_lanes_{tag}")()
         nw = 2 * L * H * d * d + L * H
         groups = [-(-(e - s) // lanes) * lanes for s, e in bounds]
         jacobian = grad and sum(groups) * nw * x.element_size() <= JACOBIAN_BYTES
