@@ -139,15 +139,20 @@ def test_example_3_softmax_with_asm21_equals_blocks() -> None:
 
 
 def test_linear_path_never_forms_scores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DESIGN: linear h̃ is evaluated by associativity; ``gram`` is not called for a linear head."""
+    """DESIGN: linear h̃ is evaluated by associativity; no scores are formed for a linear head (and the patched
+    scorer is the one the other heads use: a relu head reaches it)."""
     import iclab.models.attention_core as ka  # the shared update (KernelAttention and LinearAttention)
 
     def boom(*a, **k):
-        raise AssertionError("gram called for a linear head")
+        raise AssertionError("scores formed for a linear head")
 
-    monkeypatch.setattr(ka, "gram", boom)
+    monkeypatch.setattr(ka, "inner_product_scores", boom)
     model = _model(3, activations=("linear", "linear"))
     model.predict(_episode(2, 5, 3, seed=0))
+    relu = _model(3, activations=("relu", "linear"))
+    relu.fast = False  # the token pass (the C kernel forms its scores in C)
+    with pytest.raises(AssertionError, match="scores formed"):
+        relu.predict(_episode(2, 5, 3, seed=0))
 
 
 # --- structure: mask, Lemma A.1, Remark E.2, last-layer A ------------------------------------

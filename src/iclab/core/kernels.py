@@ -80,22 +80,15 @@ def gram(
         # computed as (…, k, m) and returned as its transposed view, so that the normalisation over the
         # sources runs along contiguous memory (a strided softmax over dim −2 costs ~3× more, forward and back)
         logits = targets @ sources.mT.contiguous()  # a contiguous right operand: ~1.5× faster batched GEMM on CPU
-        if sigma != 1.0:
-            logits = logits / sigma**2
         if source_mask is not None:
             logits = logits.masked_fill(~source_mask.unsqueeze(-2), float("-inf"))
-        return torch.softmax(logits, dim=-1).transpose(-1, -2)
+        return inner_product_scores("softmax", logits, sigma=sigma).transpose(-1, -2)
     if kernel in ("linear", "relu", "exp", "arccos"):
         inner = sources @ targets.transpose(-1, -2)  # (…, m, k)
-        if kernel == "linear":
-            out = inner
-        elif kernel == "relu":
-            out = torch.relu(inner)
-        elif kernel == "exp":
-            logits = inner if sigma == 1.0 else inner / sigma**2
-            out = torch.exp(logits if logit_cap is None else logits.clamp(max=logit_cap))
-        else:
+        if kernel == "arccos":
             out = _arccos1(inner, sources.norm(dim=-1).unsqueeze(-1) * targets.norm(dim=-1).unsqueeze(-2))
+        else:
+            out = inner_product_scores(kernel, inner, sigma=sigma, logit_cap=logit_cap, source_dim=-2)
     elif kernel == "rbf":
         # ‖s − t‖² = ‖s‖² + ‖t‖² − 2 sᵀt: one batched matmul, no (…, m, k, d) difference tensor
         sq = sources.pow(2).sum(-1).unsqueeze(-1) + targets.pow(2).sum(-1).unsqueeze(-2)
@@ -107,6 +100,24 @@ def gram(
     if source_mask is not None:
         out = out * source_mask.unsqueeze(-1).to(out.dtype)
     return out
+
+
+def inner_product_scores(
+    kernel: str, inner: Tensor, *, sigma: float = 1.0, logit_cap: float | None = None, source_dim: int = -1
+) -> Tensor:
+    """κ from the inner products sᵀt alone, for the kernels of :data:`INNER_PRODUCT_KERNELS`: sᵀt (linear),
+    relu(sᵀt), exp(min(sᵀt/σ², cap)), and softmax(sᵀt/σ²) normalised over the sources, the axis ``source_dim``
+    of ``inner``. :func:`gram` and the attention update (:func:`iclab.models.attention_core.attention_update`),
+    which forms its inner products in its own layout, both score through this one function."""
+    if kernel == "linear":
+        return inner
+    if kernel == "relu":
+        return torch.relu(inner)
+    logits = inner if sigma == 1.0 else inner / sigma**2
+    if kernel == "exp":
+        return torch.exp(logits if logit_cap is None else logits.clamp(max=logit_cap))
+    require("inner_product_scores", "kernel", kernel == "softmax", f"one of {INNER_PRODUCT_KERNELS}", kernel)
+    return torch.softmax(logits, dim=source_dim)
 
 
 def _arccos1(inner: Tensor, norms: Tensor) -> Tensor:

@@ -11,7 +11,8 @@ wrappers around this function.
 Linear heads are evaluated by associativity, Δ_j = t_jᵀ Σ_h W_{Q,h}ᵀ W_{K,h} (Σ_i s_i s_iᵀ) W_{V,h}ᵀ (in
 rows): one (B, D, D) Gram matrix, mixed over heads at (D, D) size, then one product with the targets.
 No m×T score matrix and no per-head (m, ·) key or value tensor is formed: O(m·D²) per prompt. The
-other scores come from :func:`iclab.core.kernels.gram`, softmax normalised over the m sources.
+other scores come from :func:`iclab.core.kernels.inner_product_scores`, softmax normalised over the m
+sources; the values are applied after the sources are weighed, W_{V,h} (Σ_i a_hji s_i).
 
 **Moment form.** A layer whose update is linear in the targets with a mix built from the sources' Gram
 matrix alone (linear scores, the sources = the context or every token) maps the prompt by one matrix
@@ -35,7 +36,7 @@ from torch._C._functorch import is_functorch_wrapped_tensor
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_shape
-from iclab.core.kernels import INNER_PRODUCT_KERNELS, gram
+from iclab.core.kernels import INNER_PRODUCT_KERNELS, inner_product_scores
 
 
 def linear_mix(
@@ -104,13 +105,18 @@ def attention_update(
             # layout ~2× faster on CPU (benchmarks/bench_bilinear.py)
             part = torch.einsum("btd,bde->bte", targets, mix)
         else:
-            keys = sources.unsqueeze(1) if Wk is None else torch.einsum("bis,hks->bhik", sources, Wk)
             queries = torch.einsum("bjt,hkt->bhjk", targets, Wq)  # (B, h, T, k)
-            keys = keys.expand(-1, queries.shape[1], -1, -1)  # (B, h, m, k)
+            h, T, m = queries.shape[1], queries.shape[2], sources.shape[1]
+            if Wk is None:  # the keys are the sources: every head's queries against them in one product per prompt
+                inner = (queries.reshape(B, h * T, k) @ sources.mT).reshape(B, h, T, m)
+            else:
+                inner = queries @ torch.einsum("bis,hks->bhki", sources, Wk)  # (B, h, T, m)
             cap = logit_cap if act == "exp" else None
-            scores = gram(act, keys, queries, sigma=sigma, logit_cap=cap)  # (B, h, m, T)
-            values = torch.einsum("bis,hes->bhie", sources, Wv * scale if scale != 1.0 else Wv)  # (B, h, m, e)
-            part = torch.einsum("bhij,bhie->bje", scores, values)
+            scores = inner_product_scores(act, inner, sigma=sigma, logit_cap=cap)  # (B, h, T, m), softmax over m
+            # Σ_i a_hji W_{V,h} s_i = W_{V,h} (Σ_i a_hji s_i): the sources are weighed first, all heads in one product
+            # per prompt, so no per-head (B, h, m, e) value tensor is formed (Zhang et al. Fig. 5 at P = 80 000: ~20×)
+            mixed = (scores.reshape(B, h * T, m) @ sources).reshape(B, h, T, Ds)
+            part = torch.einsum("bhjs,hes->bje", mixed, Wv * scale if scale != 1.0 else Wv)
         out = part if out is None else out + part
         start = stop
     assert out is not None
@@ -348,7 +354,7 @@ class AttentionStack(nn.Module):
     def forward_tokens(self, episode: Episode) -> Tensor:
         """+ŷ (B,) by running every layer on the (B, n+1, D) prompt, the last on the query row only."""
         self._check(episode)
-        z = embed(episode)
+        z = episode.memo("embed", embed)  # a full-batch run reuses its prompts every step (16 % of a Fig. 5 step)
         for i, layer in enumerate(self.layers):
             z = layer(z, episode.n, query_only=i == len(self.layers) - 1)  # (B, 1, D) after the last
         return self._read(z)
