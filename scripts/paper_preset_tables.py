@@ -2,6 +2,11 @@
 benchmarks/results/paper_presets.json: what was run at `paper` (claims, wall) and what `iclab estimate` projects.
 
     python scripts/paper_preset_tables.py            # rewrite the marked sections in place
+    python scripts/paper_preset_tables.py record RUN_DIR --where "session 13, --workers 2" [--note TEXT]
+
+``record`` reads a finished run directory (summary.json, claims.json, config.yaml) into the JSON and rewrites the
+tables: as the preset's ``run`` when its config is the paper preset's, else as its ``reduced`` run, labelled with
+every setting that differs from the paper (``seeds=1 (paper 6)``), so a reduced budget can never pass for the paper's.
 
 Each page holds the table between ``<!-- paper-preset:begin -->`` and ``<!-- paper-preset:end -->``; the notes
 (diagnoses, reduced-budget runs) live in the JSON beside the numbers, so the tables cannot drift from the data.
@@ -9,15 +14,24 @@ Each page holds the table between ``<!-- paper-preset:begin -->`` and ``<!-- pap
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from iclab.core.config import to_dict  # noqa: E402
 from iclab.experiments.estimate import format_seconds  # noqa: E402
+from iclab.experiments.registry import get  # noqa: E402
+from iclab.experiments.runner import resolve_config  # noqa: E402
+
+JSON = ROOT / "benchmarks" / "results" / "paper_presets.json"
 
 BEGIN, END = "<!-- paper-preset:begin -->", "<!-- paper-preset:end -->"
 
@@ -26,6 +40,11 @@ def _row(name: str, entry: dict) -> str:
     run = entry.get("run")
     est = entry.get("estimate")
     claims = f"**{run['passed']}/{run['claims']}**" if run else "not run"
+    if not run and (red := entry.get("reduced")):
+        claims += (
+            f"; reduced budget ({red['overrides']}): {red['passed']}/{red['claims']} in"
+            f" {format_seconds(red['seconds'])} ({red['where']})"
+        )
     wall = f"{format_seconds(run['seconds'])} ({run['where']})" if run else "—"
     if est is None:
         projected = "not probed"
@@ -83,8 +102,63 @@ def _replace(path: Path, body: str, begin: str = BEGIN, end: str = END) -> None:
     path.write_text(text)
 
 
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: json.loads(json.dumps(tree))}  # tuples as lists, as config.yaml holds them
+
+
+def departures(name: str, config: dict[str, Any]) -> list[str]:
+    """``key=value (paper P)`` for every setting of a run's config that is not the paper preset's."""
+    paper = _flat(to_dict(resolve_config(get(name), "paper")))
+    ran = _flat(config)
+    return [
+        f"{k}={ran.get(k)} (paper {paper.get(k)})" for k in sorted(set(paper) | set(ran)) if ran.get(k) != paper.get(k)
+    ]
+
+
+def record(run_dir: Path, where: str, note: str | None) -> str:
+    """Write one finished run into the JSON: ``run`` at the paper's settings, else ``reduced`` (with its departures)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    claims = [c for c in json.loads((run_dir / "claims.json").read_text()) if c.get("checked", True)]
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    name = summary["experiment"]
+    if summary["preset"] != "paper":
+        raise SystemExit(f"{run_dir}: preset {summary['preset']!r}; only paper runs (or reduced paper runs) go here")
+    off = departures(name, config["config"])
+    entry = {
+        "claims": len(claims),
+        "passed": sum(bool(c["passed"]) for c in claims),
+        "seconds": round(float(summary["seconds"]), 1),
+        "where": where,
+        "failed": [c["name"] for c in claims if not c["passed"]],
+    }
+    if off:
+        entry["overrides"] = ", ".join(off)
+    data = json.loads(JSON.read_text())
+    target = data["experiments"].setdefault(name, {})
+    target["reduced" if off else "run"] = entry
+    if note:
+        target["note"] = note
+    JSON.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return f"{name}: {'reduced' if off else 'run'} {entry['passed']}/{entry['claims']} in {entry['seconds']} s"
+
+
 def main() -> None:
-    data = json.loads((ROOT / "benchmarks" / "results" / "paper_presets.json").read_text())
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    rec = sub.add_parser("record", help="record a finished paper (or reduced paper) run, then rewrite the tables")
+    rec.add_argument("run_dir", type=Path)
+    rec.add_argument("--where", required=True, help='e.g. "session 13, --workers 2, 1 thread each"')
+    rec.add_argument("--note", help="the row's note: the paper's number beside ours, the diagnosis")
+    args = parser.parse_args()
+    if args.command == "record":
+        print(record(args.run_dir, args.where, args.note))
+    write_tables()
+
+
+def write_tables() -> None:
+    data = json.loads(JSON.read_text())
     entries: dict[str, dict] = data["experiments"]
     intro = data["intro"]
     by_paper: dict[str, list[str]] = {}

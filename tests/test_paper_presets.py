@@ -34,3 +34,61 @@ def test_paper_preset_passes_every_claim(name: str, tmp_path) -> None:
     res = run_experiment(name, "paper", out=tmp_path)
     failed = [(c.name, c.measured, c.expected) for c in res.claims if not c.passed]
     assert not failed, f"{name} at paper: {failed}"
+
+
+def _tables_script():
+    """scripts/paper_preset_tables.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "paper_preset_tables.py"
+    spec = importlib.util.spec_from_file_location("paper_preset_tables", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkeypatch) -> None:
+    """`paper_preset_tables.py record`: a run at the paper's settings is the preset's ``run``; one with any setting
+    changed goes to ``reduced``, labelled with every departure, and never replaces the paper run."""
+    import json
+
+    import yaml
+
+    from iclab.core.config import to_dict
+    from iclab.experiments.registry import get
+    from iclab.experiments.runner import resolve_config
+
+    tables = _tables_script()
+    store = tmp_path / "paper_presets.json"
+    store.write_text(json.dumps({"intro": "", "experiments": {}}))
+    monkeypatch.setattr(tables, "JSON", store)
+    name = "zhang2025.fig5"
+    paper = to_dict(resolve_config(get(name), "paper"))
+    claims = [
+        {"name": "a", "passed": True, "checked": True},
+        {"name": "b", "passed": False, "checked": True},
+        {"name": "c", "passed": False, "checked": False},
+    ]
+
+    def run_dir(tag: str, config: dict) -> object:
+        d = tmp_path / tag
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"experiment": name, "preset": "paper", "seconds": 12.34}))
+        (d / "claims.json").write_text(json.dumps(claims))
+        (d / "config.yaml").write_text(yaml.safe_dump({"experiment": name, "preset": "paper", "config": config}))
+        return d
+
+    assert tables.departures(name, paper) == []
+    reduced = json.loads(json.dumps(paper))
+    reduced["seeds"] = 1
+    reduced["train"]["steps"] = 100
+    tables.record(run_dir("reduced", reduced), "here", None)
+    tables.record(run_dir("paper", paper), "there", "note")
+    entry = json.loads(store.read_text())["experiments"][name]
+    assert entry["reduced"]["overrides"] == "seeds=1 (paper 6), train.steps=100 (paper 10001)"
+    assert (entry["reduced"]["claims"], entry["reduced"]["passed"], entry["reduced"]["failed"]) == (2, 1, ["b"])
+    assert "overrides" not in entry["run"] and entry["run"]["where"] == "there" and entry["note"] == "note"
+    row = tables._row(name, {"reduced": entry["reduced"]})
+    assert "not run; reduced budget (seeds=1 (paper 6), train.steps=100 (paper 10001)): 1/2 in" in row
