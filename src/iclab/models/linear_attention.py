@@ -44,6 +44,7 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import is_int, require, require_int
+from iclab.models import _query_fast
 from iclab.models.attention_core import AttentionStack, attention_update, linear_mix, moment_mix
 from iclab.models.attention_core import embed as embed  # re-exported: the prompt of eq. (1)
 
@@ -260,13 +261,17 @@ class LinearAttention(nn.Module):
             x = z[..., :-1]  # (B, T, d)
             out = torch.cat([x, self.label_update(x, z[..., -1], n).unsqueeze(-1)], dim=-1)
             return out[:, -1:] if query_only else out
-        if query_only:
-            z, ctx = z[:, -1:], ctx  # targets: the query row; the sources are unchanged
         # Head h: key c_i (W_K = I), query Q_h z_j, value P_h c_i; the score is c_iᵀ Q_h z_j. Linear
         # scores reduce to z Σ_h Q_hᵀ (cᵀc) P_hᵀ / n: O(n·D²), no score matrix.
         # Linear and ReLU scores carry 1/n (eq. 3); softmax is raw (ρ = 1), Zhang et al. 2025 Sec. 7.
         scale = 1.0 if self.activation == "softmax" else 1.0 / n
-        upd = attention_update(ctx, z, self.Q, self.P, (self.activation,) * self.n_heads, scale=scale)
+        Q, P = self.Q, self.P
+        if query_only:
+            if _query_fast.applies(z, ctx.shape[1], self.activation, Q, P):  # the C kernel (a one-layer model)
+                upd = _query_fast.query_update(z, ctx.shape[1], Q, P, self.activation, scale)
+                return z[:, -1:] + upd if self.residual else upd
+            z = z[:, -1:]  # targets: the query row; the sources are unchanged
+        upd = attention_update(ctx, z, Q, P, (self.activation,) * self.n_heads, scale=scale)
         return z + upd if self.residual else upd
 
 

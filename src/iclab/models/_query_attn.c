@@ -1,0 +1,252 @@
+/* The query row of one attention layer with softmax or ReLU scores and keys = the sources (W_K = I), prompts in the
+   lanes of AVX2 vectors: iclab.models._query_fast runs it for LinearAttention(query_only=True) where it can be built,
+   and computes the same numbers as iclab.models.attention_core.attention_update (Zhang et al. 2025, eq. M with
+   softmax scores, Sec. 7 / Fig. 5; Ahn et al. 2023, eq. 3 with ReLU scores).
+
+   For every prompt, head h and the target t (the last token) over the sources s_1 … s_m (the first m tokens):
+       q = Q_h t,   l_i = s_iᵀ q,   a = softmax(l) or relu(l),   u = Σ_i a_i s_i,   out = scale Σ_h P_h u.
+   qa_forward_* writes out (B, D). qa_backward_* recomputes a group's forward and adds dL/dQ, dL/dP for dL/d(out) =
+   gout (the sources are data: no input gradient): with du = scale P_hᵀ g,
+       dP_h += scale g uᵀ,   dl_i = a_i (s_iᵀ du − uᵀ du) (softmax) or [l_i > 0] s_iᵀ du (ReLU),
+       dQ_h += (Σ_i dl_i s_i) tᵀ,
+   summed in lanes, then over lanes in a fixed order, so the result depends on the caller's split of the batch, not on
+   its threads. A group is W prompts: its m x D sources are gathered once into vectors (L1-resident at Fig. 5's
+   32 x 5), every per-prompt quantity lives in a vector, and nothing of size B x H x m is ever written to memory (the
+   torch pass writes the scores, the weights and their gradients: 4 x 160 MB at Fig. 5's P = 80 000, float64).
+
+   The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
+   _f64); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
+   cc -O3 -mavx2 -mfma -DDIM=<token width>, one library per width: with the width known, every loop over a token's
+   entries unrolls (at DIM = 5: forward 59 -> 54 ms, backward 85 -> 72 ms against a run-time width, Fig. 5 sizes). */
+#ifndef QA_REAL
+#include <immintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "_avx_exp.h"
+
+enum { RELU = 1, SOFTMAX = 3 };
+enum { MMAX = 1024 };
+#ifndef DIM
+#error "compile with -DDIM=<token width>: the kernel is specialised to it (iclab.core.native.load(defines=...))"
+#endif
+
+#define QA_REAL 32
+#include __FILE__
+#undef QA_REAL
+#define QA_REAL 64
+#include __FILE__
+
+#else /* one instance of the kernel for the real type of QA_REAL */
+
+#undef real
+#undef V
+#undef W
+#undef NAME
+#undef LOADU
+#undef STOREU
+#undef SET1
+#undef ADD
+#undef SUB
+#undef MUL
+#undef DIV
+#undef FMA
+#undef MAX
+#undef AND
+#undef GT
+#undef ZERO
+#undef VEXP
+#if QA_REAL == 32
+#define real float
+#define V __m256
+#define W 8
+#define NAME(f) f##_f32
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define SET1 _mm256_set1_ps
+#define ADD _mm256_add_ps
+#define SUB _mm256_sub_ps
+#define MUL _mm256_mul_ps
+#define DIV _mm256_div_ps
+#define FMA _mm256_fmadd_ps
+#define MAX _mm256_max_ps
+#define AND _mm256_and_ps
+#define GT(a, b) _mm256_cmp_ps(a, b, _CMP_GT_OQ)
+#define ZERO _mm256_setzero_ps()
+#define VEXP exp_ps
+#else
+#define real double
+#define V __m256d
+#define W 4
+#define NAME(f) f##_f64
+#define LOADU _mm256_loadu_pd
+#define STOREU _mm256_storeu_pd
+#define SET1 _mm256_set1_pd
+#define ADD _mm256_add_pd
+#define SUB _mm256_sub_pd
+#define MUL _mm256_mul_pd
+#define DIV _mm256_div_pd
+#define FMA _mm256_fmadd_pd
+#define MAX _mm256_max_pd
+#define AND _mm256_and_pd
+#define GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
+#define ZERO _mm256_setzero_pd()
+#define VEXP exp_pd
+#endif
+
+/* prompts per vector */
+int NAME(qa_lanes)(void) { return W; }
+
+/* rows r … of prompts b0 … b0 + nb − 1 of x (B, rows, D) as vectors X[i * D + k] (rows i = 0 … count − 1, starting
+   at row r); lanes past nb are 0 */
+static void NAME(gather)(const real *x, long rows, long r, long count, int D, long b0, int nb, V *X) {
+    real *f = (real *)X;
+    memset(X, 0, sizeof(V) * count * D);
+    for (int w = 0; w < nb; w++) {
+        const real *xb = x + ((b0 + w) * rows + r) * D;
+        for (long i = 0; i < count * D; i++) f[i * W + w] = xb[i];
+    }
+}
+
+/* vector v's lanes 0 … nb − 1 into x[(b0 + w) * D + k] */
+static void NAME(scatter)(const V *v, int D, long b0, int nb, real *x) {
+    const real *f = (const real *)v;
+    for (int w = 0; w < nb; w++)
+        for (int k = 0; k < DIM; k++) x[(b0 + w) * D + k] = f[k * W + w];
+}
+
+/* u (D) = Σ_i c_i s_i over the m sources, as two interleaved sums (even and odd i) so that twice as many
+   independent FMA chains are in flight (DIM = 5 chains alone leave the FMA units idle for most of their latency) */
+static inline void NAME(mix)(int m, const V *c, const V *S, V *u) {
+    V even[DIM], odd[DIM];
+    for (int k = 0; k < DIM; k++) even[k] = odd[k] = ZERO;
+    int i = 0;
+    for (; i + 1 < m; i += 2) {
+        const V *s0 = S + (long)i * DIM, *s1 = s0 + DIM;
+        for (int k = 0; k < DIM; k++) even[k] = FMA(c[i], s0[k], even[k]), odd[k] = FMA(c[i + 1], s1[k], odd[k]);
+    }
+    if (i < m)
+        for (int k = 0; k < DIM; k++) even[k] = FMA(c[i], S[(long)i * DIM + k], even[k]);
+    for (int k = 0; k < DIM; k++) u[k] = ADD(even[k], odd[k]);
+}
+
+/* one head's forward on a group: q = Q t, a (m) = the weights, u = Σ_i a_i s_i */
+static void NAME(head)(int m, int act, const real *Q, const V *S, const V *t, V *q, V *a, V *u) {
+    for (int k = 0; k < DIM; k++) {
+        V acc = ZERO;
+        for (int j = 0; j < DIM; j++) acc = FMA(SET1(Q[k * DIM + j]), t[j], acc);
+        q[k] = acc;
+    }
+    for (int i = 0; i < m; i++) {
+        const V *s = S + (long)i * DIM;
+        V l = MUL(q[0], s[0]);
+        for (int k = 1; k < DIM; k++) l = FMA(q[k], s[k], l);
+        a[i] = l;
+    }
+    if (act == SOFTMAX) {
+        V mx = a[0], sum = ZERO;
+        for (int i = 1; i < m; i++) mx = MAX(mx, a[i]);
+        for (int i = 0; i < m; i++) sum = ADD(sum, a[i] = VEXP(SUB(a[i], mx)));
+        V inv = DIV(SET1(1.0), sum);
+        for (int i = 0; i < m; i++) a[i] = MUL(a[i], inv);
+    } else {
+        for (int i = 0; i < m; i++) a[i] = MAX(a[i], ZERO);
+    }
+    NAME(mix)(m, a, S, u);
+}
+
+/* lanes summed in lane order, added to out[i] */
+static void NAME(add_lanes)(const V *v, long count, real *out) {
+    const real *f = (const real *)v;
+    for (long i = 0; i < count; i++) {
+        real sum = 0;
+        for (int w = 0; w < W; w++) sum += f[i * W + w];
+        out[i] += sum;
+    }
+}
+
+static int NAME(bad)(int m, int D, int act) {
+    return D != DIM || m < 1 || m > MMAX || (act != RELU && act != SOFTMAX);
+}
+
+/* out (B, D) from z (B, T, D): the sources are rows 0 … m − 1, the target row T − 1; Q, P (H, D, D). 0, 1 if out of
+   memory, 2 for a shape or activation the kernel does not take */
+int NAME(qa_forward)(int B, int T, int m, int D, int H, int act, real scale, const real *z, const real *Q,
+                     const real *P, real *out) {
+    if (NAME(bad)(m, D, act)) return 2;
+    V *buf = aligned_alloc(32, sizeof(V) * ((long)m * D + m + 4 * DIM));
+    if (!buf) return 1;
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    V *S = buf, *a = S + (long)m * D, *t = a + m, *q = t + DIM, *u = q + DIM, *o = u + DIM;
+    for (long b0 = 0; b0 < B; b0 += W) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(z, T, 0, m, D, b0, nb, S);
+        NAME(gather)(z, T, T - 1, 1, D, b0, nb, t);
+        for (int e = 0; e < DIM; e++) o[e] = ZERO;
+        for (int h = 0; h < H; h++) {
+            const real *Ph = P + (long)h * DIM * DIM;
+            NAME(head)(m, act, Q + (long)h * DIM * DIM, S, t, q, a, u);
+            for (int e = 0; e < DIM; e++) {
+                V acc = o[e];
+                for (int k = 0; k < DIM; k++) acc = FMA(SET1(scale * Ph[e * DIM + k]), u[k], acc);
+                o[e] = acc;
+            }
+        }
+        NAME(scatter)(o, D, b0, nb, out);
+    }
+    free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+/* adds dL/dQ, dL/dP (H, D, D) for dL/d(out) = gout (B, D) into gQ, gP; arguments and codes as qa_forward */
+int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, const real *z, const real *Q,
+                      const real *P, const real *gout, real *gQ, real *gP) {
+    if (NAME(bad)(m, D, act)) return 2;
+    long dd = (long)DIM * DIM;
+    V *buf = aligned_alloc(32, sizeof(V) * ((long)m * D + m + 5 * DIM + 2 * H * dd));
+    if (!buf) return 1;
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    V *S = buf, *a = S + (long)m * D, *t = a + m, *q = t + DIM, *u = q + DIM, *g = u + DIM;
+    V *du = g + DIM;
+    V *accQ = du + DIM, *accP = accQ + H * dd;
+    for (long i = 0; i < 2 * H * dd; i++) accQ[i] = ZERO;
+    for (long b0 = 0; b0 < B; b0 += W) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(z, T, 0, m, D, b0, nb, S);
+        NAME(gather)(z, T, T - 1, 1, D, b0, nb, t);
+        NAME(gather)(gout, 1, 0, 1, D, b0, nb, g);
+        for (int h = 0; h < H; h++) {
+            const real *Ph = P + (long)h * dd;
+            V *aQ = accQ + h * dd, *aP = accP + h * dd;
+            NAME(head)(m, act, Q + h * dd, S, t, q, a, u);
+            V c = ZERO; /* uᵀ du */
+            for (int k = 0; k < DIM; k++) {
+                V acc = ZERO;
+                for (int e = 0; e < DIM; e++) acc = FMA(SET1(scale * Ph[e * DIM + k]), g[e], acc);
+                du[k] = acc;
+                c = FMA(u[k], acc, c);
+            }
+            for (int e = 0; e < DIM; e++) {
+                V ge = MUL(SET1(scale), g[e]);
+                for (int k = 0; k < DIM; k++) aP[e * DIM + k] = FMA(ge, u[k], aP[e * DIM + k]);
+            }
+            for (int i = 0; i < m; i++) { /* a becomes dl */
+                const V *s = S + (long)i * DIM;
+                V da = MUL(du[0], s[0]);
+                for (int k = 1; k < DIM; k++) da = FMA(du[k], s[k], da);
+                a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : AND(da, GT(a[i], ZERO));
+            }
+            NAME(mix)(m, a, S, q); /* q becomes dq = Σ_i dl_i s_i */
+            for (int k = 0; k < DIM; k++)
+                for (int j = 0; j < DIM; j++) aQ[k * DIM + j] = FMA(q[k], t[j], aQ[k * DIM + j]);
+        }
+    }
+    NAME(add_lanes)(accQ, H * dd, gQ);
+    NAME(add_lanes)(accP, H * dd, gP);
+    free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+#endif

@@ -1,0 +1,133 @@
+"""The query row of a softmax or ReLU attention layer by the C kernel ``_query_attn.c`` (CPU, float32 and float64).
+
+:meth:`iclab.models.LinearAttention.forward` with ``query_only`` (a model's last layer) sends the query token
+
+    Δt = scale · Σ_h P_h Σ_i h̃(s_iᵀ Q_h t) s_i      (Zhang et al. 2025, eq. M; softmax over the m sources, Sec. 7)
+
+with the keys the sources themselves (W_K = I). :func:`attention_update` forms that as batched per-prompt products
+and writes the (B, H, m) scores, weights and their gradients to memory: at Zhang et al.'s Fig. 5 (P = 80 000 prompts
+of 32 tokens, 8 heads, float64) four 160 MB tensors per step. The kernel keeps a group of 4 (float64) or 8 (float32)
+prompts in the lanes of a vector and never writes them. Its backward recomputes a group's forward (cheaper than
+storing it) and gives dL/dQ and dL/dP only: it runs where the prompt is data (no gradient wanted for it, as in a
+one-layer model); otherwise, under ``torch.func`` transforms, on a GPU, or where no C compiler is, the torch code.
+
+Exactness: tests/test_query_fast.py checks values and the gradients of every parameter against the torch pass in
+float64 to 1e-10 (softmax and ReLU, merged and separate key-query, context or all sources); docs/performance.md has
+the timings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from iclab.core import native as native_kernels
+from iclab.core.threads import map_on_threads, split_evenly
+from iclab.models.attention_core import is_transformed
+
+#: run the query row of softmax/ReLU layers by ``_query_attn.c`` where it can be built; ``ICLAB_NATIVE=0`` or False:
+#: the torch code
+NATIVE = native_kernels.ENABLED
+#: prompts per thread's part at most (parts are a multiple of 4, so sums do not depend on the thread count)
+PART = 8192
+ACT_CODES = {"relu": 1, "softmax": 3}
+MAX_DIM, MMAX = 16, 1024  # token widths a library is built for (one per width), the most sources
+
+_SOURCE = Path(__file__).with_name("_query_attn.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {
+    f"{fn}_{tag}": sig
+    for tag, R in (("f32", ctypes.c_float), ("f64", ctypes.c_double))
+    for fn, sig in (
+        ("qa_lanes", ([], _I)),
+        ("qa_forward", ([_I] * 6 + [R] + [_P] * 4, _I)),
+        ("qa_backward", ([_I] * 6 + [R] + [_P] * 6, _I)),
+    )
+}
+
+
+def native(width: int) -> ctypes.CDLL | None:
+    """``_query_attn.c`` compiled for tokens ``width`` wide (:func:`iclab.core.native.load`, ``-DDIM=width``, built
+    once per width); None where it cannot be built."""
+    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": width})
+
+
+def applies(z: Tensor, m: int, activation: str, *params: Tensor) -> bool:
+    """Whether :func:`query_update` runs the C kernel for these inputs (else the caller runs the torch code)."""
+    ok = (
+        NATIVE
+        and activation in ACT_CODES
+        and z.device.type == "cpu"
+        and z.dtype in (torch.float32, torch.float64)
+        and not z.requires_grad
+        and z.shape[-1] <= MAX_DIM
+        and 1 <= m <= MMAX
+        and not is_transformed(z, *params)
+    )
+    return bool(ok) and native(z.shape[-1]) is not None
+
+
+def query_update(z: Tensor, m: int, Q: Tensor, P: Tensor, activation: str, scale: float) -> Tensor:
+    """scale · Σ_h P_h Σ_i h̃(s_iᵀ Q_h t) s_i, (B, 1, D), for the target t = z[:, -1] over the sources s_i = z[:, i],
+    i < m; ``Q``, ``P`` (H, D, D); differentiable in Q and P (call only where :func:`applies`)."""
+    return _QueryRow.apply(z, Q, P, (m, ACT_CODES[activation], float(scale))).unsqueeze(1)
+
+
+def _bounds(B: int) -> list[tuple[int, int]]:
+    part = split_evenly(B, PART) if B >= 4 * 256 else B
+    return [(s, min(s + part, B)) for s in range(0, B, part)]
+
+
+def _check(codes: list[int]) -> None:
+    if 1 in codes:
+        raise MemoryError("_query_attn.c could not allocate its scratch buffer")
+    if any(codes):
+        raise ValueError(f"_query_attn.c takes the token width it was built for, 1 to {MMAX} sources, relu or softmax")
+
+
+class _QueryRow(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, z: Tensor, Q: Tensor, P: Tensor, meta: tuple[int, int, float]) -> Tensor:
+        m, act, scale = meta
+        z, Q, P = z.contiguous(), Q.detach().contiguous(), P.detach().contiguous()
+        B, T, D = z.shape
+        lib = native(D)
+        assert lib is not None
+        H = Q.shape[0]
+        tag = "f32" if z.dtype == torch.float32 else "f64"
+        forward = getattr(lib, f"qa_forward_{tag}")
+        out = z.new_empty(B, D)
+        bounds = _bounds(B)
+
+        def run(part: tuple[int, int]) -> int:
+            s, e = part
+            return forward(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
+                           out[s:e].data_ptr())  # fmt: skip
+
+        _check(map_on_threads(run, bounds))
+        ctx.meta, ctx.tag, ctx.bounds = meta, tag, bounds
+        ctx.save_for_backward(z, Q, P)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        z, Q, P = ctx.saved_tensors
+        m, act, scale = ctx.meta
+        _, T, D = z.shape
+        backward, grad = getattr(native(D), f"qa_backward_{ctx.tag}"), grad.contiguous()
+
+        def run(part: tuple[int, int]) -> tuple[Tensor, Tensor]:
+            s, e = part
+            gQ, gP = torch.zeros_like(Q), torch.zeros_like(P)
+            code = backward(e - s, T, m, D, Q.shape[0], act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
+                            grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
+            _check([code])
+            return gQ, gP
+
+        parts = map_on_threads(run, ctx.bounds)
+        gQ, gP = (torch.stack(g).sum(0) for g in zip(*parts, strict=True))
+        return None, gQ, gP, None
