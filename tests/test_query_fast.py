@@ -22,6 +22,13 @@ from iclab.tasks.linear_regression import LinearRegression
 needs_kernel = pytest.mark.skipif(_query_fast.native(5) is None, reason="no C compiler or no AVX2 here")
 
 
+@pytest.fixture(params=["native", "native-avx2"])
+def build(request, monkeypatch) -> str:
+    """The kernel as built here (AVX-512 where the CPU has it), and its AVX2 build (what a CPU without AVX-512 runs)."""
+    monkeypatch.setattr(_query_fast, "WIDE", request.param == "native")
+    return request.param
+
+
 def _model(act: str, key_query: str = "merged", sources: str = "all", residual: bool = False, heads: int = 3,
            layers: int = 1, seed: int = 1) -> LinearTransformer:  # fmt: skip
     cfg = LinearTransformerConfig(d=4, n_layers=layers, n_heads=heads, activation=act, key_query=key_query,
@@ -52,7 +59,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 @pytest.mark.parametrize("sources", ["all", "context"])
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("heads", [1, 3])
-def test_kernel_matches_the_torch_pass(act, key_query, sources, residual, heads, monkeypatch) -> None:
+def test_kernel_matches_the_torch_pass(act, key_query, sources, residual, heads, build, monkeypatch) -> None:
     model, ep = _model(act, key_query, sources, residual, heads), _episode()
     layer = model.layers[0]
     z = torch.cat([torch.cat([ep.x, ep.y.unsqueeze(-1)], -1), torch.cat([ep.x_query, 0 * ep.y_query[:, None]], -1)
@@ -67,7 +74,7 @@ def test_kernel_matches_the_torch_pass(act, key_query, sources, residual, heads,
 
 @needs_kernel
 @pytest.mark.parametrize("act", ["softmax", "relu"])
-def test_kernel_is_the_written_out_formula(act, monkeypatch) -> None:
+def test_kernel_is_the_written_out_formula(act, build, monkeypatch) -> None:
     """out = scale Σ_h P_h Σ_i h̃(s_iᵀ Q_h t) s_i at the label entry, the query among the sources (Zhang et al.)."""
     monkeypatch.setattr(_query_fast, "NATIVE", True)
     model, ep = _model(act, heads=2), _episode(batch=11)
@@ -85,7 +92,7 @@ def test_kernel_is_the_written_out_formula(act, monkeypatch) -> None:
 
 
 @needs_kernel
-def test_float32_is_as_accurate_as_the_torch_float32_pass(monkeypatch) -> None:
+def test_float32_is_as_accurate_as_the_torch_float32_pass(build, monkeypatch) -> None:
     model, ep = _model("softmax", heads=3), _episode(batch=61)
     y64, g64 = _value_and_grads(model, ep, False, monkeypatch)
     model32, ep32 = model.float(), ep.to(dtype=torch.float32)
@@ -99,7 +106,7 @@ def test_float32_is_as_accurate_as_the_torch_float32_pass(monkeypatch) -> None:
 
 
 @needs_kernel
-def test_the_same_bits_on_one_and_two_threads(monkeypatch) -> None:
+def test_the_same_bits_on_one_and_two_threads(build, monkeypatch) -> None:
     """The batch is split into a thread-independent number of parts (4 here), summed in order."""
     model, ep = _model("softmax", heads=2), _episode(batch=4 * 256 + 13)
     assert len(_query_fast._bounds(ep.batch_size)) == 4
@@ -170,5 +177,6 @@ def test_the_kernel_is_built_where_a_compiler_is() -> None:
     if native_kernels.compiler() is None:
         pytest.skip("no C compiler or no AVX2 here")
     lib = _query_fast.native(5)
-    assert lib is not None and (lib.qa_lanes_f32(), lib.qa_lanes_f64()) == (8, 4)
+    wide = native_kernels.wide_flags() != ()  # an AVX-512 CPU
+    assert lib is not None and (lib.qa_lanes_f32(), lib.qa_lanes_f64()) == ((16, 8) if wide else (8, 4))
     assert _query_fast.native(3) is not lib  # one library per token width

@@ -1,6 +1,6 @@
 /* The query row of one attention layer with softmax or ReLU scores and keys = the sources (W_K = I), prompts in the
-   lanes of AVX2 vectors: iclab.models._query_fast runs it for LinearAttention(query_only=True) where it can be built,
-   and computes the same numbers as iclab.models.attention_core.attention_update (Zhang et al. 2025, eq. M with
+   lanes of AVX2 or AVX-512 vectors: iclab.models._query_fast runs it for LinearAttention(query_only=True) where it
+   can be built, and computes the same numbers as iclab.models.attention_core.attention_update (Zhang et al. 2025, eq. M with
    softmax scores, Sec. 7 / Fig. 5; Ahn et al. 2023, eq. 3 with ReLU scores).
 
    For every prompt, head h and the target t (the last token) over the sources s_1 … s_m (the first m tokens):
@@ -15,7 +15,7 @@
    torch pass writes the scores, the weights and their gradients: 4 x 160 MB at Fig. 5's P = 80 000, float64).
 
    The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
-   _f64); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
+   _f64), twice that with AVX-512 (-mavx512f where the CPU has it); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
    cc -O3 -mavx2 -mfma -DDIM=<token width>, one library per width: with the width known, every loop over a token's
    entries unrolls (at DIM = 5: forward 59 -> 54 ms, backward 85 -> 72 ms against a run-time width, Fig. 5 sizes). */
 #ifndef QA_REAL
@@ -43,8 +43,6 @@ enum { MMAX = 1024 };
 #undef V
 #undef W
 #undef NAME
-#undef LOADU
-#undef STOREU
 #undef SET1
 #undef ADD
 #undef SUB
@@ -52,17 +50,29 @@ enum { MMAX = 1024 };
 #undef DIV
 #undef FMA
 #undef MAX
-#undef AND
-#undef GT
+#undef KEEP_POS
 #undef ZERO
 #undef VEXP
+/* KEEP_POS(x, a): x where a > 0, else 0 (the ReLU mask) */
 #if QA_REAL == 32
 #define real float
+#define NAME(f) f##_f32
+#if defined(__AVX512F__)
+#define V __m512
+#define W 16
+#define SET1 _mm512_set1_ps
+#define ADD _mm512_add_ps
+#define SUB _mm512_sub_ps
+#define MUL _mm512_mul_ps
+#define DIV _mm512_div_ps
+#define FMA _mm512_fmadd_ps
+#define MAX _mm512_max_ps
+#define KEEP_POS(x, a) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, ZERO, _CMP_GT_OQ), x)
+#define ZERO _mm512_setzero_ps()
+#define VEXP exp512_ps
+#else
 #define V __m256
 #define W 8
-#define NAME(f) f##_f32
-#define LOADU _mm256_loadu_ps
-#define STOREU _mm256_storeu_ps
 #define SET1 _mm256_set1_ps
 #define ADD _mm256_add_ps
 #define SUB _mm256_sub_ps
@@ -70,17 +80,29 @@ enum { MMAX = 1024 };
 #define DIV _mm256_div_ps
 #define FMA _mm256_fmadd_ps
 #define MAX _mm256_max_ps
-#define AND _mm256_and_ps
-#define GT(a, b) _mm256_cmp_ps(a, b, _CMP_GT_OQ)
+#define KEEP_POS(x, a) _mm256_and_ps(x, _mm256_cmp_ps(a, ZERO, _CMP_GT_OQ))
 #define ZERO _mm256_setzero_ps()
 #define VEXP exp_ps
+#endif
 #else
 #define real double
+#define NAME(f) f##_f64
+#if defined(__AVX512F__)
+#define V __m512d
+#define W 8
+#define SET1 _mm512_set1_pd
+#define ADD _mm512_add_pd
+#define SUB _mm512_sub_pd
+#define MUL _mm512_mul_pd
+#define DIV _mm512_div_pd
+#define FMA _mm512_fmadd_pd
+#define MAX _mm512_max_pd
+#define KEEP_POS(x, a) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, ZERO, _CMP_GT_OQ), x)
+#define ZERO _mm512_setzero_pd()
+#define VEXP exp512_pd
+#else
 #define V __m256d
 #define W 4
-#define NAME(f) f##_f64
-#define LOADU _mm256_loadu_pd
-#define STOREU _mm256_storeu_pd
 #define SET1 _mm256_set1_pd
 #define ADD _mm256_add_pd
 #define SUB _mm256_sub_pd
@@ -88,11 +110,12 @@ enum { MMAX = 1024 };
 #define DIV _mm256_div_pd
 #define FMA _mm256_fmadd_pd
 #define MAX _mm256_max_pd
-#define AND _mm256_and_pd
-#define GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
+#define KEEP_POS(x, a) _mm256_and_pd(x, _mm256_cmp_pd(a, ZERO, _CMP_GT_OQ))
 #define ZERO _mm256_setzero_pd()
 #define VEXP exp_pd
 #endif
+#endif
+#define VALIGN ((int)sizeof(V))
 
 /* prompts per vector */
 int NAME(qa_lanes)(void) { return W; }
@@ -174,7 +197,7 @@ static int NAME(bad)(int m, int D, int act) {
 int NAME(qa_forward)(int B, int T, int m, int D, int H, int act, real scale, const real *z, const real *Q,
                      const real *P, real *out) {
     if (NAME(bad)(m, D, act)) return 2;
-    V *buf = aligned_alloc(32, sizeof(V) * ((long)m * D + m + 4 * DIM));
+    V *buf = aligned_alloc(VALIGN, sizeof(V) * ((long)m * D + m + 4 * DIM));
     if (!buf) return 1;
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
@@ -204,7 +227,7 @@ int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, co
                       const real *P, const real *gout, real *gQ, real *gP) {
     if (NAME(bad)(m, D, act)) return 2;
     long dd = (long)DIM * DIM;
-    V *buf = aligned_alloc(32, sizeof(V) * ((long)m * D + m + 5 * DIM + 2 * H * dd));
+    V *buf = aligned_alloc(VALIGN, sizeof(V) * ((long)m * D + m + 5 * DIM + 2 * H * dd));
     if (!buf) return 1;
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
@@ -236,7 +259,7 @@ int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, co
                 const V *s = S + (long)i * DIM;
                 V da = MUL(du[0], s[0]);
                 for (int k = 1; k < DIM; k++) da = FMA(du[k], s[k], da);
-                a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : AND(da, GT(a[i], ZERO));
+                a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : KEEP_POS(da, a[i]);
             }
             NAME(mix)(m, a, S, q); /* q becomes dq = Σ_i dl_i s_i */
             for (int k = 0; k < DIM; k++)

@@ -7,7 +7,7 @@
 with the keys the sources themselves (W_K = I). :func:`attention_update` forms that as batched per-prompt products
 and writes the (B, H, m) scores, weights and their gradients to memory: at Zhang et al.'s Fig. 5 (P = 80 000 prompts
 of 32 tokens, 8 heads, float64) four 160 MB tensors per step. The kernel keeps a group of 4 (float64) or 8 (float32)
-prompts in the lanes of a vector and never writes them. Its backward recomputes a group's forward (cheaper than
+prompts in the lanes of an AVX2 vector (8 or 16 with AVX-512, :data:`WIDE`) and never writes them. Its backward recomputes a group's forward (cheaper than
 storing it) and gives dL/dQ and dL/dP only: it runs where the prompt is data (no gradient wanted for it, as in a
 one-layer model); otherwise, under ``torch.func`` transforms, on a GPU, or where no C compiler is, the torch code.
 
@@ -32,6 +32,8 @@ from iclab.models.attention_core import is_transformed
 #: run the query row of softmax/ReLU layers by ``_query_attn.c`` where it can be built; ``ICLAB_NATIVE=0`` or False:
 #: the torch code
 NATIVE = native_kernels.ENABLED
+#: build with AVX-512 where the CPU has it (8 float64 lanes); False: AVX2 (4), as on a CPU without it
+WIDE = True
 #: prompts per thread's part at most (parts are a multiple of 4, so sums do not depend on the thread count)
 PART = 8192
 ACT_CODES = {"relu": 1, "softmax": 3}
@@ -53,7 +55,7 @@ _SIGNATURES = {
 def native(width: int) -> ctypes.CDLL | None:
     """``_query_attn.c`` compiled for tokens ``width`` wide (:func:`iclab.core.native.load`, ``-DDIM=width``, built
     once per width); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": width})
+    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": width}, wide=WIDE)
 
 
 def applies(z: Tensor, m: int, activation: str, *params: Tensor) -> bool:
