@@ -108,6 +108,25 @@ def test_sampled_runs_are_probed_once_by_the_trainers_step_timer(monkeypatch) ->
         assert r.step_seconds * r.probed_steps <= r.seconds  # the steps' share cannot exceed the probe's wall
 
 
+def test_token_level_full_batch_runs_are_probed_by_the_trainers_step_timer(monkeypatch) -> None:
+    """Full-batch GD of a token-level module (Zhang et al. Fig. 5's softmax models) goes through the trainer, whose
+    step timer the trajectory carries: trained once for ``probe_steps``, no K vs K/2 wall difference."""
+    from iclab.experiments import registry
+
+    calls: list[int] = []
+    real = registry.execute_all
+
+    def counting(runs, **kw):
+        calls.extend(r.train.steps for r in runs)
+        return real(runs, **kw)
+
+    monkeypatch.setattr(registry, "execute_all", counting)
+    est = estimate_experiment("zhang2025.fig5", "smoke", probe_steps=4)
+    assert est.runs and all(r.regime == "full_batch" for r in est.runs)
+    assert calls == [4] * len(est.runs)
+    assert all(r.step_seconds > 0 and r.step_seconds * r.probed_steps <= r.seconds for r in est.runs)
+
+
 def test_trainer_step_timer_counts_every_step_and_evaluation() -> None:
     import torch
 

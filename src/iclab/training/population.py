@@ -28,7 +28,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,9 @@ from iclab.core.errors import require, require_int
 from iclab.core.io import atomic_torch_save, atomic_write_text, safe_torch_load
 from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
 from iclab.theory.attention_dynamics import population_loss, second_moment_hat
+
+if TYPE_CHECKING:
+    from iclab.training.trainer import StepTiming
 
 __all__ = ["Trajectory", "full_batch_gd", "online_sgd", "population_flow"]
 
@@ -57,6 +60,9 @@ class Trajectory:
     params: dict[str, Tensor]
     train_loss: Tensor | None = None  # (T,) or (S, T)
     meta: dict[str, Any] = field(default_factory=dict)  # mode, lr, inv_n, ...
+    #: the trainer's in-loop step timer where the trajectory came from it (full-batch GD of a token-level module by
+    #: autograd): what ``iclab estimate`` projects the run from; not saved, not compared
+    timing: StepTiming | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain lists and numbers (JSON-able); :meth:`from_dict` inverts it."""
@@ -91,7 +97,7 @@ class Trajectory:
         if path.suffix == ".json":
             atomic_write_text(path, json.dumps(self.to_dict()))
         else:
-            atomic_torch_save(path, {**self.__dict__})
+            atomic_torch_save(path, {k: v for k, v in self.__dict__.items() if k != "timing"})
         return path
 
     @classmethod
@@ -279,10 +285,10 @@ def _full_batch_reduced(
 
 def _full_batch_autograd(
     model: nn.Module, episode: Episode, lr: float, steps: int, record_every: int
-) -> tuple[dict[str, list[Tensor]], list[int], Tensor]:
+) -> tuple[dict[str, list[Tensor]], list[int], Tensor, StepTiming | None]:
     """Plain full-batch GD for any module with ``predict``, through the one trainer: SGD without
     momentum on the fixed set (``train_size = batch_size = P``), the parameters and the training MSE
-    recorded at the steps of :func:`_record_steps`."""
+    recorded at the steps of :func:`_record_steps`, and the trainer's step timer."""
     from iclab.training.config import TrainConfig
     from iclab.training.trainer import train
 
@@ -297,7 +303,7 @@ def _full_batch_autograd(
             return (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
 
     if steps == 0:
-        return {k: [p.detach().clone()] for k, p in named}, rec, mse().reshape(1)
+        return {k: [p.detach().clone()] for k, p in named}, rec, mse().reshape(1), None
     dtype = named[0][1].dtype
     cfg = TrainConfig(
         steps=steps, batch_size=episode.batch_size, train_size=episode.batch_size, optimizer="sgd", lr=lr,
@@ -316,7 +322,7 @@ def _full_batch_autograd(
     losses = [by_step[t] if t < steps else result.final_test_loss for t in rec]  # after the last update
     snaps = {k: list(v.to(device=episode.device, dtype=dtype).unbind(0)) for k, v in result.snapshots.items()}
     _nonfinite("full_batch_gd", {k: p.detach() for k, p in named}, lr)
-    return snaps, rec, torch.tensor(losses, dtype=dtype, device=episode.device)
+    return snaps, rec, torch.tensor(losses, dtype=dtype, device=episode.device), result.timing
 
 
 def full_batch_gd(
@@ -359,12 +365,11 @@ def full_batch_gd(
         require(owner, "episodes", len(eps) == 1, "one training set for a module without seeds", f"{len(eps)} sets")
         require(owner, "next_token", not next_token, "False for token-level modules", next_token)
         require(owner, "Lambda", Lambda is None, "None for modules without an effective matrix", "a matrix")
-        snaps, rec, train = _full_batch_autograd(model, eps[0], lr, steps, record_every)
+        snaps, rec, train, timing = _full_batch_autograd(model, eps[0], lr, steps, record_every)
         params = {k: torch.stack(v).cpu() for k, v in snaps.items()}
         steps_t = torch.tensor(rec, dtype=torch.long)
-        return Trajectory(
-            steps_t, 2.0 * lr * steps_t.to(torch.float64), train.cpu(), params, train.cpu(), {"lr": lr, **meta}
-        )
+        time_t = 2.0 * lr * steps_t.to(torch.float64)
+        return Trajectory(steps_t, time_t, train.cpu(), params, train.cpu(), {"lr": lr, **meta}, timing=timing)
     S = model.n_seeds
     require(
         owner,

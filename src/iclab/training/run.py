@@ -141,7 +141,7 @@ class TrainingRun:
             )
         else:
             traj = self._reduced(model, cfg)
-            result = TrainResult(model, [], trajectory=traj)
+            result = TrainResult(model, [], trajectory=traj, timing=traj.timing)
         result.name, result.seed = self.name, self.seed
         return result
 
