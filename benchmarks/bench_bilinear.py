@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,30 +31,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from iclab import models, tasks
-from iclab.bench import matmul_peak, memory_traffic_bound, timeit, token_matmul_peak
+from iclab.bench import alternate, matmul_peak, memory_traffic_bound, timeit, token_matmul_peak
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
 from iclab.core.seeding import generator
 from iclab.models import _bilinear_fast
 from iclab.models._bilinear_fast import CHUNK
 from iclab.training.optim import clip_gradients
-
-
-def _alternate(steps: dict[str, Callable[[], None]], *, device: torch.device, rounds: int) -> dict[str, float]:
-    """Median seconds of each step, timed in turn ``rounds`` times after one warm-up each (same load for all)."""
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for fn in steps.values():
-        fn()
-    for _ in range(rounds):
-        for name, fn in steps.items():
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t = time.perf_counter()
-            fn()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def gemm_floor(device: torch.device, *, batch: int, n: int, d: int, d_bar: int, n_blocks: int, chunk: int, repeats: int) -> float:  # fmt: skip
@@ -128,7 +109,7 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
             _bilinear_fast.NATIVE = native
 
     runs = {"fused": step(lambda: model(ep)), "fused_torch": step(torch_code), "tokens": step(lambda: model.forward_tokens(ep))}  # fmt: skip
-    sec = _alternate(runs, device=dev, rounds=repeats)
+    sec = alternate(runs, device=dev, rounds=repeats)
     data = timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1)
     floor = gemm_floor(dev, batch=batch, n=n, d=cfg.d, d_bar=cfg.d_bar, n_blocks=n_blocks, chunk=CHUNK, repeats=repeats)
     fused, tokens, bound = sec["fused"], sec["tokens"], mem["memory_bound_ms"] / 1e3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,22 @@ from iclab.training.trainer import mse_loss
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def alternate(steps: dict[str, Callable[[], object]], *, device: torch.device, rounds: int) -> dict[str, float]:
+    """Median seconds of each step, timed in turn ``rounds`` times after one warm-up each, so that every side of a
+    comparison sees the same machine load."""
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for fn in steps.values():
+        fn()
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def timeit(fn: Callable[[], object], *, device: torch.device, repeats: int = 10, warmup: int = 2) -> float:
