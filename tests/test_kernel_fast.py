@@ -20,16 +20,18 @@ from iclab.models import KernelTransformer, KernelTransformerConfig, _kernel_fas
 from iclab.tasks.gaussian_process import GaussianProcess
 
 CASES = [("softmax",), ("exp",), ("relu",), ("linear", "relu"), ("softmax", "exp")]
-PATHS = ["native", "native-replay", "torch"]
+PATHS = ["native", "native-replay", "native-avx2", "torch"]
 
 
 @pytest.fixture(params=PATHS)
 def path(request, monkeypatch) -> str:
     """Run a test by the C kernel (skipped where it cannot be built), keeping every prompt's d out / d(K, A, r) from
-    the forward or (``native-replay``) replaying the forward in the backward, or by the torch code of the fused pass."""
+    the forward or (``native-replay``) replaying the forward in the backward, by its AVX2 build (``native-avx2``: what
+    a CPU without AVX-512 runs; the same as ``native`` on one), or by the torch code of the fused pass."""
     if request.param != "torch" and _kernel_fast.native() is None:
         pytest.skip("the C kernel cannot be built here (no compiler or no AVX2); the torch code runs instead")
     monkeypatch.setattr(_kernel_fast, "NATIVE", request.param != "torch")
+    monkeypatch.setattr(_kernel_fast, "WIDE", request.param != "native-avx2")  # the build a CPU without AVX-512 runs
     if request.param == "native-replay":
         monkeypatch.setattr(_kernel_fast, "JACOBIAN_BYTES", 0)
     return request.param
@@ -129,7 +131,8 @@ def test_the_c_kernel_is_built_where_a_compiler_is() -> None:
     assert _kernel_fast._uses_native(torch.zeros(4, 6, 5), 6)
     assert not _kernel_fast._uses_native(torch.zeros(4, 6, 33), 6)  # d over the kernel's limit: the torch code
     lib = _kernel_fast.native()
-    assert (lib.ka_lanes_f32(), lib.ka_lanes_f64()) == (8, 4)  # AVX2: the sizes the Jacobian is rounded to
+    wide = native_kernels.wide_flags() != ()  # an AVX-512 CPU: twice the lanes; the Jacobian is rounded to them
+    assert (lib.ka_lanes_f32(), lib.ka_lanes_f64()) == ((16, 8) if wide else (8, 4))
 
 
 @pytest.mark.parametrize("acts", CASES, ids=["-".join(c) for c in CASES])

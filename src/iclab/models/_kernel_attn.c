@@ -1,5 +1,5 @@
 /* The L-layer kernel-attention stack of Cheng, Chen, Sra 2024 (eq. (2)-(5), (26)) with its backward, W prompts at a
-   time in the lanes of AVX2 vectors: iclab.models._kernel_fast runs it where it can be built, and computes the same
+   time in the lanes of AVX2 or AVX-512 vectors: iclab.models._kernel_fast runs it where it can be built, and computes the same
    numbers by torch code elsewhere.
 
    Prompt b holds tokens z_t = (x_t, y_t), t < n, and the query z_n = (x_q, 0); D = d + 1, T = n + 1. Layer l, head h:
@@ -17,8 +17,8 @@
    d out / d(K, A, r) (lanes, one row per group); ka_vjp_* is then the whole backward: no replay.
 
    The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
-   _f64); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
-   cc -O3 -mavx2 -mfma. */
+   _f64), twice that with AVX-512 (-mavx512f where the CPU has it); exp is _avx_exp.h's. Denormals are flushed to zero
+   inside the calls. Built by iclab.core.native.load() with cc -O3 -mavx2 -mfma. */
 #ifndef KA_REAL
 #include <immintrin.h>
 #include <stdlib.h>
@@ -52,16 +52,35 @@ enum { DMAX = 32, NMAX = 256 };
 #undef FMA
 #undef MAX
 #undef MIN
-#undef AND
-#undef LT
-#undef GT
+#undef KEEP_LT
+#undef KEEP_GT
 #undef ZERO
 #undef VEXP
+/* KEEP_LT(x, a, b): x where a < b, else 0; KEEP_GT likewise (the masks of the exp cap and of ReLU) */
 #if KA_REAL == 32
 #define real float
+#define NAME(f) f##_f32
+#if defined(__AVX512F__)
+#define V __m512
+#define W 16
+#define LD(p) _mm512_load_ps((const float *)(p))
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+#define SET1 _mm512_set1_ps
+#define ADD _mm512_add_ps
+#define SUB _mm512_sub_ps
+#define MUL _mm512_mul_ps
+#define DIV _mm512_div_ps
+#define FMA _mm512_fmadd_ps
+#define MAX _mm512_max_ps
+#define MIN _mm512_min_ps
+#define KEEP_LT(x, a, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), x)
+#define KEEP_GT(x, a, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), x)
+#define ZERO _mm512_setzero_ps()
+#define VEXP exp512_ps
+#else
 #define V __m256
 #define W 8
-#define NAME(f) f##_f32
 #define LD(p) _mm256_load_ps((const float *)(p))
 #define LOADU _mm256_loadu_ps
 #define STOREU _mm256_storeu_ps
@@ -73,17 +92,35 @@ enum { DMAX = 32, NMAX = 256 };
 #define FMA _mm256_fmadd_ps
 #define MAX _mm256_max_ps
 #define MIN _mm256_min_ps
-#define AND _mm256_and_ps
-#define LT(a, b) _mm256_cmp_ps(a, b, _CMP_LT_OQ)
-#define GT(a, b) _mm256_cmp_ps(a, b, _CMP_GT_OQ)
+#define KEEP_LT(x, a, b) _mm256_and_ps(x, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
+#define KEEP_GT(x, a, b) _mm256_and_ps(x, _mm256_cmp_ps(a, b, _CMP_GT_OQ))
 #define ZERO _mm256_setzero_ps()
-
 #define VEXP exp_ps
+#endif
 #else
 #define real double
+#define NAME(f) f##_f64
+#if defined(__AVX512F__)
+#define V __m512d
+#define W 8
+#define LD(p) _mm512_load_pd((const double *)(p))
+#define LOADU _mm512_loadu_pd
+#define STOREU _mm512_storeu_pd
+#define SET1 _mm512_set1_pd
+#define ADD _mm512_add_pd
+#define SUB _mm512_sub_pd
+#define MUL _mm512_mul_pd
+#define DIV _mm512_div_pd
+#define FMA _mm512_fmadd_pd
+#define MAX _mm512_max_pd
+#define MIN _mm512_min_pd
+#define KEEP_LT(x, a, b) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, b, _CMP_LT_OQ), x)
+#define KEEP_GT(x, a, b) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, b, _CMP_GT_OQ), x)
+#define ZERO _mm512_setzero_pd()
+#define VEXP exp512_pd
+#else
 #define V __m256d
 #define W 4
-#define NAME(f) f##_f64
 #define LD(p) _mm256_load_pd((const double *)(p))
 #define LOADU _mm256_loadu_pd
 #define STOREU _mm256_storeu_pd
@@ -95,13 +132,13 @@ enum { DMAX = 32, NMAX = 256 };
 #define FMA _mm256_fmadd_pd
 #define MAX _mm256_max_pd
 #define MIN _mm256_min_pd
-#define AND _mm256_and_pd
-#define LT(a, b) _mm256_cmp_pd(a, b, _CMP_LT_OQ)
-#define GT(a, b) _mm256_cmp_pd(a, b, _CMP_GT_OQ)
+#define KEEP_LT(x, a, b) _mm256_and_pd(x, _mm256_cmp_pd(a, b, _CMP_LT_OQ))
+#define KEEP_GT(x, a, b) _mm256_and_pd(x, _mm256_cmp_pd(a, b, _CMP_GT_OQ))
 #define ZERO _mm256_setzero_pd()
-
 #define VEXP exp_pd
 #endif
+#endif
+#define VALIGN ((int)sizeof(V))
 
 typedef struct {
     int L, H, d, n, T, D, has_cap;
@@ -276,9 +313,9 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
                     if (act == SOFTMAX)
                         acc = MUL(SUB(acc, rowdot), p);
                     else if (act == EXP)
-                        acc = s->has_cap ? AND(MUL(acc, p), LT(p, expcap)) : MUL(acc, p);
+                        acc = s->has_cap ? KEEP_LT(MUL(acc, p), p, expcap) : MUL(acc, p);
                     else if (act == RELU)
-                        acc = AND(acc, GT(p, ZERO));
+                        acc = KEEP_GT(acc, p, ZERO);
                     gS[i] = acc;
                     if (need_gin)
                         for (int c = c0; c < D; c++) gin[c * T + i] = FMA(p, gu[c], gin[c * T + i]);
@@ -343,7 +380,7 @@ long NAME(ka_kept)(int B, int L, int H, int d, int n) {
 static V *NAME(scratch)(const Spec *s, long **heads, long before) {
     *heads = malloc(sizeof(long) * s->L * 2);
     if (!*heads) return NULL;
-    V *buf = aligned_alloc(32, sizeof(V) * (before + NAME(layout)(s, *heads, *heads + s->L)));
+    V *buf = aligned_alloc(VALIGN, sizeof(V) * (before + NAME(layout)(s, *heads, *heads + s->L)));
     if (!buf) free(*heads);
     return buf;
 }
@@ -452,7 +489,7 @@ int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const 
 int NAME(ka_vjp)(int B, int L, int H, int d, int has_A, real scale, const real *J, const real *gout, real *gK,
                  real *gA, real *gr) {
     long pv = (long)L * H * d * d, nw = 2 * pv + L * H;
-    V *acc = aligned_alloc(32, sizeof(V) * nw);
+    V *acc = aligned_alloc(VALIGN, sizeof(V) * nw);
     if (!acc) return 1;
     memset(acc, 0, sizeof(V) * nw);
     for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {

@@ -18,7 +18,7 @@ backward skips: the gradient of the input prompt (data) and, with A ≡ 0, every
 only the query (nothing else is read out), so its score block is (1, n, b).
 
 Where a C compiler and AVX2 are there, the same pass runs as C (:class:`_NativeStack`, ``_kernel_attn.c``, float32
-and float64): 8 (4) prompts in the lanes of a vector, each target row's scores, weights and adjoints in registers,
+and float64): 8 (4) prompts in the lanes of a vector, 16 (8) with AVX-512 (:data:`WIDE`), each target row's scores, weights and adjoints in registers,
 built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or :data:`NATIVE` = False: the torch code).
 
 Exactness: ``tests/test_kernel_fast.py`` checks values and every parameter gradient against the
@@ -44,6 +44,8 @@ MIN_SPLIT = 256  # batches under 4 × this many prompts keep the given chunk
 #: run float32 and float64 CPU passes by the C kernel ``_kernel_attn.c`` (:class:`_NativeStack`) where it can be built
 #: (:mod:`iclab.core.native`); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
 NATIVE = native_kernels.ENABLED
+#: build with AVX-512 where the CPU has it (16 float32 lanes); False: AVX2 (8), as on a CPU without it
+WIDE = True
 #: ka_forward keeps every group's weights h̃(S) for the backward (4 bytes × (2 (n+1) n + n) per prompt and head at L = 3
 #: in float32); False: the backward replays the whole forward per group instead (no memory, the exps twice)
 KEEP = False
@@ -70,7 +72,7 @@ _SIGNATURES = {
 
 def native() -> ctypes.CDLL | None:
     """The compiled ``_kernel_attn.c`` (:func:`iclab.core.native.load`); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES)
+    return native_kernels.load(_SOURCE, _SIGNATURES, wide=WIDE)
 
 
 def _scores(g: Tensor, xs: Tensor) -> Tensor:
