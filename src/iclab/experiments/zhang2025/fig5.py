@@ -36,9 +36,13 @@ from iclab.training import TrainConfig, TrainingRun
 @dataclass(frozen=True, kw_only=True)
 class Fig5Config(Setup):
     """Softmax scores (raw, ρ = 1, softmax over all N+1 tokens), the code's per-entry init std; ``train`` trains
-    ATTN_S, ATTN_M takes ``merged_lr`` and ``merged_steps`` instead of its lr and steps."""
+    ATTN_S on ``train_size`` sequences, ATTN_M takes ``merged_train_size``, ``merged_lr`` and ``merged_steps`` instead.
+    The paper's Fig. 5 is "the same as Figs 1 and 3 except softmax": ATTN_M as Fig. 1 (the README command: P = 5000,
+    H = 8, init 1e-6, lr 1e-3, 6001 epochs), ATTN_S as Fig. 3 (P = 80 000, H = 5, init 0.01, lr 0.02, 10 001 epochs;
+    spec 001 §6 rows 1, 3, 5)."""
 
     train_size: int = 5000
+    merged_train_size: int = 5000
     merged_heads: int = 8
     merged_init: float = 1e-6
     merged_lr: float = 1e-3
@@ -64,19 +68,17 @@ def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
     Lam = covariance(cfg)
     task = LinearRegression(d=cfg.d, covariance=Lam)
     out: dict[str, SoftmaxCurves] = {}
-    for key, H, init, lr, steps in (
-        ("merged", cfg.merged_heads, cfg.merged_init, cfg.merged_lr, cfg.merged_steps),
-        ("separate", cfg.n_heads, cfg.init_std, cfg.train.lr, cfg.train.steps),
+    for key, H, init, lr, steps, P in (
+        ("merged", cfg.merged_heads, cfg.merged_init, cfg.merged_lr, cfg.merged_steps, cfg.merged_train_size),
+        ("separate", cfg.n_heads, cfg.init_std, cfg.train.lr, cfg.train.steps, cfg.train_size),
     ):
         spec = token_spec(cfg.d, H, key_query=key, activation="softmax", init_std=init)
-        train = full_batch(dataclasses.replace(cfg.train, lr=lr, steps=steps), cfg.train_size)
+        train = full_batch(dataclasses.replace(cfg.train, lr=lr, steps=steps), P)
         runs = [
             TrainingRun(
                 name=f"{key}-seed{s}",
                 model=spec,
-                task=task.sample(
-                    cfg.train_size, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64
-                ),
+                task=task.sample(P, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64),
                 train=train,
                 seed=s,
                 init_key=("init", key, "softmax"),
@@ -124,11 +126,12 @@ FIG5 = register(
         title="Fig. 5: softmax ATTN_M has one abrupt drop, softmax ATTN_S several",
         config=Fig5Config,
         presets={
-            "smoke": dict(seeds=1, train_size=20, merged_steps=6, steps=6, eval_every=1),
+            "smoke": dict(seeds=1, train_size=20, merged_train_size=20, merged_steps=6, steps=6, eval_every=1),
             # quick: the softmax layer forms every (n+1)² score: ~0.1 s per step at P=150, so one seed each
             "quick": dict(
                 seeds=1,
                 train_size=100,
+                merged_train_size=100,
                 merged_init=1e-6,
                 merged_lr=0.2,
                 merged_steps=300,
@@ -137,7 +140,8 @@ FIG5 = register(
                 steps=700,
                 eval_every=5,
             ),
-            "paper": dict(train_size=80_000),
+            # Fig. 1's P for ATTN_M, Fig. 3's for ATTN_S (the paper: "same as Figs 1 and 3 except softmax")
+            "paper": dict(train_size=80_000, merged_train_size=5000),
         },
         run=run,
         plot=plot,
