@@ -39,83 +39,9 @@ enum { MMAX = 1024 };
 
 #else /* one instance of the kernel for the real type of QA_REAL */
 
-#undef real
-#undef V
-#undef W
-#undef NAME
-#undef SET1
-#undef ADD
-#undef SUB
-#undef MUL
-#undef DIV
-#undef FMA
-#undef MAX
-#undef KEEP_POS
-#undef ZERO
-#undef VEXP
-/* KEEP_POS(x, a): x where a > 0, else 0 (the ReLU mask) */
-#if QA_REAL == 32
-#define real float
-#define NAME(f) f##_f32
-#if defined(__AVX512F__)
-#define V __m512
-#define W 16
-#define SET1 _mm512_set1_ps
-#define ADD _mm512_add_ps
-#define SUB _mm512_sub_ps
-#define MUL _mm512_mul_ps
-#define DIV _mm512_div_ps
-#define FMA _mm512_fmadd_ps
-#define MAX _mm512_max_ps
-#define KEEP_POS(x, a) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, ZERO, _CMP_GT_OQ), x)
-#define ZERO _mm512_setzero_ps()
-#define VEXP exp512_ps
-#else
-#define V __m256
-#define W 8
-#define SET1 _mm256_set1_ps
-#define ADD _mm256_add_ps
-#define SUB _mm256_sub_ps
-#define MUL _mm256_mul_ps
-#define DIV _mm256_div_ps
-#define FMA _mm256_fmadd_ps
-#define MAX _mm256_max_ps
-#define KEEP_POS(x, a) _mm256_and_ps(x, _mm256_cmp_ps(a, ZERO, _CMP_GT_OQ))
-#define ZERO _mm256_setzero_ps()
-#define VEXP exp_ps
-#endif
-#else
-#define real double
-#define NAME(f) f##_f64
-#if defined(__AVX512F__)
-#define V __m512d
-#define W 8
-#define SET1 _mm512_set1_pd
-#define ADD _mm512_add_pd
-#define SUB _mm512_sub_pd
-#define MUL _mm512_mul_pd
-#define DIV _mm512_div_pd
-#define FMA _mm512_fmadd_pd
-#define MAX _mm512_max_pd
-#define KEEP_POS(x, a) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, ZERO, _CMP_GT_OQ), x)
-#define ZERO _mm512_setzero_pd()
-#define VEXP exp512_pd
-#else
-#define V __m256d
-#define W 4
-#define SET1 _mm256_set1_pd
-#define ADD _mm256_add_pd
-#define SUB _mm256_sub_pd
-#define MUL _mm256_mul_pd
-#define DIV _mm256_div_pd
-#define FMA _mm256_fmadd_pd
-#define MAX _mm256_max_pd
-#define KEEP_POS(x, a) _mm256_and_pd(x, _mm256_cmp_pd(a, ZERO, _CMP_GT_OQ))
-#define ZERO _mm256_setzero_pd()
-#define VEXP exp_pd
-#endif
-#endif
-#define VALIGN ((int)sizeof(V))
+#define SIMD_REAL QA_REAL
+#include "_simd.h"
+#undef SIMD_REAL
 
 /* prompts per vector */
 int NAME(qa_lanes)(void) { return W; }
@@ -259,7 +185,7 @@ int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, co
                 const V *s = S + (long)i * DIM;
                 V da = MUL(du[0], s[0]);
                 for (int k = 1; k < DIM; k++) da = FMA(du[k], s[k], da);
-                a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : KEEP_POS(da, a[i]);
+                a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : KEEP_GT(da, a[i], ZERO);
             }
             NAME(mix)(m, a, S, q); /* q becomes dq = Σ_i dl_i s_i */
             for (int k = 0; k < DIM; k++)

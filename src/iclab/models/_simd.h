@@ -1,0 +1,108 @@
+/* The vector macros of one instance of a kernel that is compiled once per real type by including itself
+   (_kernel_attn.c, _query_attn.c): include it with SIMD_REAL defined as 32 or 64. Vectors are AVX-512 where the
+   kernel is built with -mavx512f (16 float32 / 8 float64 lanes), else AVX2 (8 / 4); exp is _avx_exp.h's.
+   KEEP_LT(x, a, b): x where a < b, else 0; KEEP_GT likewise (masks: the exp cap, ReLU). No include guard: each
+   instance redefines them. */
+#include "_avx_exp.h"
+
+#undef real
+#undef V
+#undef W
+#undef NAME
+#undef LD
+#undef LOADU
+#undef STOREU
+#undef SET1
+#undef ADD
+#undef SUB
+#undef MUL
+#undef DIV
+#undef FMA
+#undef MAX
+#undef MIN
+#undef KEEP_LT
+#undef KEEP_GT
+#undef ZERO
+#undef VEXP
+#if SIMD_REAL == 32
+#define real float
+#define NAME(f) f##_f32
+#if defined(__AVX512F__)
+#define V __m512
+#define W 16
+#define LD(p) _mm512_load_ps((const float *)(p))
+#define LOADU _mm512_loadu_ps
+#define STOREU _mm512_storeu_ps
+#define SET1 _mm512_set1_ps
+#define ADD _mm512_add_ps
+#define SUB _mm512_sub_ps
+#define MUL _mm512_mul_ps
+#define DIV _mm512_div_ps
+#define FMA _mm512_fmadd_ps
+#define MAX _mm512_max_ps
+#define MIN _mm512_min_ps
+#define KEEP_LT(x, a, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), x)
+#define KEEP_GT(x, a, b) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), x)
+#define ZERO _mm512_setzero_ps()
+#define VEXP exp512_ps
+#else
+#define V __m256
+#define W 8
+#define LD(p) _mm256_load_ps((const float *)(p))
+#define LOADU _mm256_loadu_ps
+#define STOREU _mm256_storeu_ps
+#define SET1 _mm256_set1_ps
+#define ADD _mm256_add_ps
+#define SUB _mm256_sub_ps
+#define MUL _mm256_mul_ps
+#define DIV _mm256_div_ps
+#define FMA _mm256_fmadd_ps
+#define MAX _mm256_max_ps
+#define MIN _mm256_min_ps
+#define KEEP_LT(x, a, b) _mm256_and_ps(x, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
+#define KEEP_GT(x, a, b) _mm256_and_ps(x, _mm256_cmp_ps(a, b, _CMP_GT_OQ))
+#define ZERO _mm256_setzero_ps()
+#define VEXP exp_ps
+#endif
+#else
+#define real double
+#define NAME(f) f##_f64
+#if defined(__AVX512F__)
+#define V __m512d
+#define W 8
+#define LD(p) _mm512_load_pd((const double *)(p))
+#define LOADU _mm512_loadu_pd
+#define STOREU _mm512_storeu_pd
+#define SET1 _mm512_set1_pd
+#define ADD _mm512_add_pd
+#define SUB _mm512_sub_pd
+#define MUL _mm512_mul_pd
+#define DIV _mm512_div_pd
+#define FMA _mm512_fmadd_pd
+#define MAX _mm512_max_pd
+#define MIN _mm512_min_pd
+#define KEEP_LT(x, a, b) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, b, _CMP_LT_OQ), x)
+#define KEEP_GT(x, a, b) _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, b, _CMP_GT_OQ), x)
+#define ZERO _mm512_setzero_pd()
+#define VEXP exp512_pd
+#else
+#define V __m256d
+#define W 4
+#define LD(p) _mm256_load_pd((const double *)(p))
+#define LOADU _mm256_loadu_pd
+#define STOREU _mm256_storeu_pd
+#define SET1 _mm256_set1_pd
+#define ADD _mm256_add_pd
+#define SUB _mm256_sub_pd
+#define MUL _mm256_mul_pd
+#define DIV _mm256_div_pd
+#define FMA _mm256_fmadd_pd
+#define MAX _mm256_max_pd
+#define MIN _mm256_min_pd
+#define KEEP_LT(x, a, b) _mm256_and_pd(x, _mm256_cmp_pd(a, b, _CMP_LT_OQ))
+#define KEEP_GT(x, a, b) _mm256_and_pd(x, _mm256_cmp_pd(a, b, _CMP_GT_OQ))
+#define ZERO _mm256_setzero_pd()
+#define VEXP exp_pd
+#endif
+#endif
+#define VALIGN ((int)sizeof(V))
