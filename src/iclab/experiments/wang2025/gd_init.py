@@ -19,8 +19,7 @@ Claims:
 - loss_does_not_rise_above_gd: max over training of test NLL(TF) − test NLL(GD) <= 0.01.
 
 Time (2-core CPU): quick ≈ 9 s quiet (23 s experiment, 30 s wall at load ≈ 1.5; one seed, GD and TF 150 updates of
-128, gradient on 4096 contexts); paper: not run here, projected ≈ 1.5 h per TF run (0.2-0.3 s per update of 512),
-≈ 20 h for 5 seeds: a GPU job.
+128, gradient on 4096 contexts); paper: 57 min with ``--workers 2`` (session 13), 5/5 (docs/papers/wang2025.md).
 
 What did not match: nothing (5/5 at quick, softmax and rbf). Caveats (docs/papers/wang2025.md "Stationarity in
 practice"): at lr 1e-5 with the staircase no entry can move by more than ≈ 0.01, so "stays" is largely the
