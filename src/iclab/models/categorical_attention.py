@@ -320,19 +320,19 @@ class CategoricalTransformer(_EmbeddingModel):
         n, K = episode.n, cfg.n_blocks
         if self.uses_fast_path:
             return self._free_fast(episode, points)
+        if cfg.mode == "gd" and cfg.erasure == "identity":
+            return self._gd_identity_erasure(episode, points)
         z = self.embed(episode, points)
         if cfg.mode == "free":
             for k in range(K):
                 z = self._free_block(z, n, k, last=k == K - 1)
             q = z if cfg.erasure == "kernel" else z[:, n:]  # with an ordinary head 2 the last block kept only queries
             return q[..., -cfg.d_embed :] @ self.W_e  # (B, m, C) readout (eq. 7)
-        if cfg.erasure != "identity":
-            # GD with a computed erasure head: every block on all tokens, the readout at the queries
-            weights = self._gd_weights(z, n)
-            for k in range(K):
-                z = self._gd_block(z, n, k, weights)
-            return z[:, n:, -cfg.d_embed :] @ self.W_e
-        return self._gd_identity_erasure(z, n)
+        # GD with a computed erasure head: every block on all tokens, the readout at the queries
+        weights = self._gd_weights(z, n)
+        for k in range(K):
+            z = self._gd_block(z, n, k, weights)
+        return z[:, n:, -cfg.d_embed :] @ self.W_e
 
     #: run the free model's fast path where it applies (:attr:`uses_fast_path`); False: every block by the general
     #: :meth:`_free_block` (the reference for tests and benchmarks)
@@ -355,30 +355,37 @@ class CategoricalTransformer(_EmbeddingModel):
         z = fast.query_block(self.blocks[self._block_index(K - 1)], W, z, n) if K > 1 else z
         return z[..., -self.config.d_embed :] @ W  # (B, m, C) readout (eq. 7)
 
-    def _gd_identity_erasure(self, z: Tensor, n: int) -> Tensor:
+    def _gd_identity_erasure(self, episode: Episode, points: Tensor | None) -> Tensor:
         """GD with the exact erasure δ_ij: the same numbers as K :meth:`_gd_block` passes, with less work.
 
         Queries are never keys, so the context tokens evolve on their own; a query needs only its F slot
         (U = 0 there and its E slot is never read), and the last block needs only the queries. Head 1's
         weights are split into context→context (B, n, n), needed for K ≥ 2, and context→query (B, m, n),
-        so no (B, n+m, n) tensor is sliced or its gradient scattered.
+        so no (B, n+m, n) tensor is sliced or its gradient scattered. The slots start as what :meth:`embed` would
+        write (U = w_{e,y}, E = w̄_e, F = 0), built apart: no (B, n+m, D) prompt is concatenated and sliced again,
+        whose backward would scatter every slot's gradient into a zero prompt (a third of a Fig.-4 GD step).
         """
         cfg = self.config
-        d, dp, K = cfg.d, cfg.d_embed, cfg.n_blocks
-        x = self.scale * z[..., :d]
-        U, E, F_ctx = z[:, :n, d : d + dp], z[:, :n, d + dp : d + 2 * dp], z[:, :n, -dp:]
-        F_q = z[:, n:, -dp:]
-        w_q = head_weights(cfg.kernel, x[:, :n], x[:, n:])  # (B, m, n)
-        w_c = head_weights(cfg.kernel, x[:, :n], x[:, :n]) if K > 1 else None  # (B, n, n)
+        K, n = cfg.n_blocks, episode.n
+        q = self._check(episode, points)
+        x_ctx, x_q = self.scale * episode.x, self.scale * q
+        U, E = self.W_e.T[episode.labels], self.W_e.mean(1)  # (B, n, d'), (d',): every context token's E at first
+        F_ctx = F_q = None  # F = 0 until head 1 writes it
+        w_q = head_weights(cfg.kernel, x_ctx, x_q)  # (B, m, n)
+        w_c = head_weights(cfg.kernel, x_ctx, x_ctx) if K > 1 else None  # (B, n, n)
         scale = 1.0 / n if cfg.divide_by_n and cfg.kernel != "softmax" else 1.0
         W = self.W_e.T  # (C, d')
         for k in range(K):
             V = (U - E) * scale if scale != 1.0 else U - E  # (B, n, d') the values of head 1
             alpha = self.alpha[self._block_index(k)]
-            F_q = F_q + alpha * weigh(w_q, V)
+            dF_q = alpha * weigh(w_q, V)
+            F_q = dF_q if F_q is None else F_q + dF_q
             if k < K - 1:
-                F_ctx = F_ctx + alpha * weigh(w_c, V)
+                assert w_c is not None
+                dF_c = alpha * weigh(w_c, V)
+                F_ctx = dF_c if F_ctx is None else F_ctx + dF_c
                 E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
+        assert F_q is not None
         return F_q @ self.W_e
 
 
