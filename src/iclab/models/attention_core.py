@@ -114,7 +114,7 @@ def attention_update(
             cap = logit_cap if act == "exp" else None
             scores = inner_product_scores(act, inner, sigma=sigma, logit_cap=cap)  # (B, h, T, m), softmax over m
             # Σ_i a_hji W_{V,h} s_i = W_{V,h} (Σ_i a_hji s_i): the sources are weighed first, all heads in one product
-            # per prompt, so no per-head (B, h, m, e) value tensor is formed (Zhang et al. Fig. 5 at P = 80 000: ~20×)
+            # per prompt, so no per-head (B, h, m, e) value tensor is formed (Zhang et al. Fig. 5 at P = 80 000: 7.6×)
             mixed = (scores.reshape(B, h * T, m) @ sources).reshape(B, h, T, Ds)
             part = torch.einsum("bhjs,hes->bje", mixed, Wv * scale if scale != 1.0 else Wv)
         out = part if out is None else out + part
