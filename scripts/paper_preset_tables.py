@@ -5,8 +5,9 @@ benchmarks/results/paper_presets.json: what was run at `paper` (claims, wall) an
     python scripts/paper_preset_tables.py record RUN_DIR --where "session 13, --workers 2" [--note TEXT]
 
 ``record`` reads a finished run directory (summary.json, claims.json, config.yaml) into the JSON and rewrites the
-tables: as the preset's ``run`` when its config is the paper preset's, else as its ``reduced`` run, labelled with
-every setting that differs from the paper (``seeds=1 (paper 6)``), so a reduced budget can never pass for the paper's.
+tables: as the preset's ``run`` when its config is the paper preset's, else as one of its ``reduced`` runs, labelled
+with every setting that differs from the paper (``seeds=1 (paper 6)``), so a reduced budget can never pass for the
+paper's.
 
 Each page holds the table between ``<!-- paper-preset:begin -->`` and ``<!-- paper-preset:end -->``; the notes
 (diagnoses, reduced-budget runs) live in the JSON beside the numbers, so the tables cannot drift from the data.
@@ -40,7 +41,7 @@ def _row(name: str, entry: dict) -> str:
     run = entry.get("run")
     est = entry.get("estimate")
     claims = f"**{run['passed']}/{run['claims']}**" if run else "not run"
-    if not run and (red := entry.get("reduced")):
+    for red in entry.get("reduced", []):
         claims += (
             f"; reduced budget ({red['overrides']}): {red['passed']}/{red['claims']} in"
             f" {format_seconds(red['seconds'])} ({red['where']})"
@@ -137,7 +138,11 @@ def record(run_dir: Path, where: str, note: str | None) -> str:
         entry["overrides"] = ", ".join(off)
     data = json.loads(JSON.read_text())
     target = data["experiments"].setdefault(name, {})
-    target["reduced" if off else "run"] = entry
+    if off:  # one entry per set of departures: a rerun of the same reduced budget replaces its entry
+        kept = [r for r in target.get("reduced", []) if r["overrides"] != entry["overrides"]]
+        target["reduced"] = [*kept, entry]
+    else:
+        target["run"] = entry
     if note:
         target["note"] = note
     JSON.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")

@@ -86,9 +86,11 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     reduced["train"]["steps"] = 100
     tables.record(run_dir("reduced", reduced), "here", None)
     tables.record(run_dir("paper", paper), "there", "note")
+    tables.record(run_dir("reduced-again", reduced), "again", None)  # the same departures: replaces its entry
     entry = json.loads(store.read_text())["experiments"][name]
-    assert entry["reduced"]["overrides"] == "seeds=1 (paper 6), train.steps=100 (paper 10001)"
-    assert (entry["reduced"]["claims"], entry["reduced"]["passed"], entry["reduced"]["failed"]) == (2, 1, ["b"])
+    (red,) = entry["reduced"]
+    assert red["overrides"] == f"seeds=1 (paper 6), train.steps=100 (paper {paper['train']['steps']})"
+    assert (red["claims"], red["passed"], red["failed"], red["where"]) == (2, 1, ["b"], "again")
     assert "overrides" not in entry["run"] and entry["run"]["where"] == "there" and entry["note"] == "note"
     row = tables._row(name, {"reduced": entry["reduced"]})
-    assert "not run; reduced budget (seeds=1 (paper 6), train.steps=100 (paper 10001)): 1/2 in" in row
+    assert f"not run; reduced budget ({red['overrides']}): 1/2 in" in row
