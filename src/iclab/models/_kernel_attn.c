@@ -117,11 +117,7 @@ static inline void NAME(weights)(const Spec *s, int act, const V *g, const V *z,
         P[i] = acc;
     }
     if (act == SOFTMAX) {
-        V m = P[0], sum = ZERO;
-        for (int i = 1; i < n; i++) m = MAX(m, P[i]);
-        for (int i = 0; i < n; i++) sum = ADD(sum, P[i] = VEXP(SUB(P[i], m)));
-        V inv = DIV(SET1(1.0), sum);
-        for (int i = 0; i < n; i++) P[i] = MUL(P[i], inv);
+        NAME(softmax_lanes)(P, n);
     } else if (act == EXP) {
         V cap = SET1(s->cap);
         for (int i = 0; i < n; i++) P[i] = VEXP(s->has_cap ? MIN(P[i], cap) : P[i]);
@@ -254,12 +250,6 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
     }
 }
 
-static inline real NAME(lanes_sum)(V v) {
-    real f[W], t = 0;
-    STOREU(f, v);
-    for (int w = 0; w < W; w++) t += f[w];
-    return t;
-}
 
 static Spec NAME(spec)(int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
                        real scale, int has_cap, real cap) {

@@ -93,25 +93,11 @@ static void NAME(head)(int m, int act, const real *Q, const V *S, const V *t, V 
         a[i] = l;
     }
     if (act == SOFTMAX) {
-        V mx = a[0], sum = ZERO;
-        for (int i = 1; i < m; i++) mx = MAX(mx, a[i]);
-        for (int i = 0; i < m; i++) sum = ADD(sum, a[i] = VEXP(SUB(a[i], mx)));
-        V inv = DIV(SET1(1.0), sum);
-        for (int i = 0; i < m; i++) a[i] = MUL(a[i], inv);
+        NAME(softmax_lanes)(a, m);
     } else {
         for (int i = 0; i < m; i++) a[i] = MAX(a[i], ZERO);
     }
     NAME(mix)(m, a, S, u);
-}
-
-/* lanes summed in lane order, added to out[i] */
-static void NAME(add_lanes)(const V *v, long count, real *out) {
-    const real *f = (const real *)v;
-    for (long i = 0; i < count; i++) {
-        real sum = 0;
-        for (int w = 0; w < W; w++) sum += f[i * W + w];
-        out[i] += sum;
-    }
 }
 
 static int NAME(bad)(int m, int D, int act) {
@@ -192,8 +178,7 @@ int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, co
                 for (int j = 0; j < DIM; j++) aQ[k * DIM + j] = FMA(q[k], t[j], aQ[k * DIM + j]);
         }
     }
-    NAME(add_lanes)(accQ, H * dd, gQ);
-    NAME(add_lanes)(accP, H * dd, gP);
+    for (long i = 0; i < H * dd; i++) gQ[i] += NAME(lanes_sum)(accQ[i]), gP[i] += NAME(lanes_sum)(accP[i]);
     free(buf), _mm_setcsr(csr);
     return 0;
 }

@@ -1,8 +1,9 @@
 /* The vector macros of one instance of a kernel that is compiled once per real type by including itself
    (_kernel_attn.c, _query_attn.c): include it with SIMD_REAL defined as 32 or 64. Vectors are AVX-512 where the
    kernel is built with -mavx512f (16 float32 / 8 float64 lanes), else AVX2 (8 / 4); exp is _avx_exp.h's.
-   KEEP_LT(x, a, b): x where a < b, else 0; KEEP_GT likewise (masks: the exp cap, ReLU). No include guard: each
-   instance redefines them. */
+   KEEP_LT(x, a, b): x where a < b, else 0; KEEP_GT likewise (masks: the exp cap, ReLU). Also the two helpers both
+   kernels share, per instance: lanes_sum (a vector's lanes summed in lane order) and softmax_lanes (a softmax over
+   m vectors in place, every lane its own prompt). No include guard: each instance redefines them. */
 #include "_avx_exp.h"
 
 #undef real
@@ -106,3 +107,20 @@
 #endif
 #endif
 #define VALIGN ((int)sizeof(V))
+
+/* the lanes of v summed in lane order (a fixed order: the same bits on any thread count) */
+static inline real NAME(lanes_sum)(V v) {
+    real f[W], t = 0;
+    STOREU(f, v);
+    for (int w = 0; w < W; w++) t += f[w];
+    return t;
+}
+
+/* a[0 … m − 1] ← softmax over i of a[i], lane by lane (max subtracted, then normalised by the sum) */
+static inline void NAME(softmax_lanes)(V *a, int m) {
+    V mx = a[0], sum = ZERO;
+    for (int i = 1; i < m; i++) mx = MAX(mx, a[i]);
+    for (int i = 0; i < m; i++) sum = ADD(sum, a[i] = VEXP(SUB(a[i], mx)));
+    V inv = DIV(SET1(1.0), sum);
+    for (int i = 0; i < m; i++) a[i] = MUL(a[i], inv);
+}
