@@ -87,9 +87,9 @@ def test_format_seconds(seconds, text) -> None:
     assert format_seconds(seconds) == text
 
 
-def test_sampled_runs_are_probed_once_by_the_trainers_step_timer(monkeypatch) -> None:
-    """A sampled run's cost per step is the trainer's in-loop median step (+ the evaluation amortised), so it is
-    trained once for ``probe_steps``, not a second time for half as many."""
+@pytest.fixture
+def trained_steps(monkeypatch) -> list[int]:
+    """The step count of every training run the probe trains, in order (``execute_all`` wrapped)."""
     from iclab.experiments import registry
 
     calls: list[int] = []
@@ -100,30 +100,26 @@ def test_sampled_runs_are_probed_once_by_the_trainers_step_timer(monkeypatch) ->
         return real(runs, **kw)
 
     monkeypatch.setattr(registry, "execute_all", counting)
+    return calls
+
+
+def test_sampled_runs_are_probed_once_by_the_trainers_step_timer(trained_steps) -> None:
+    """A sampled run's cost per step is the trainer's in-loop median step (+ the evaluation amortised), so it is
+    trained once for ``probe_steps``, not a second time for half as many."""
     est = estimate_experiment("ahn2023.fig1", "smoke", probe_steps=6)
     assert est.runs and all(r.regime == "sampled" for r in est.runs)
-    assert calls == [6] * len(est.runs)
+    assert trained_steps == [6] * len(est.runs)
     for r in est.runs:
         assert r.step_seconds > 0 and r.fixed_seconds >= 0
         assert r.step_seconds * r.probed_steps <= r.seconds  # the steps' share cannot exceed the probe's wall
 
 
-def test_token_level_full_batch_runs_are_probed_by_the_trainers_step_timer(monkeypatch) -> None:
+def test_token_level_full_batch_runs_are_probed_by_the_trainers_step_timer(trained_steps) -> None:
     """Full-batch GD of a token-level module (Zhang et al. Fig. 5's softmax models) goes through the trainer, whose
     step timer the trajectory carries: trained once for ``probe_steps``, no K vs K/2 wall difference."""
-    from iclab.experiments import registry
-
-    calls: list[int] = []
-    real = registry.execute_all
-
-    def counting(runs, **kw):
-        calls.extend(r.train.steps for r in runs)
-        return real(runs, **kw)
-
-    monkeypatch.setattr(registry, "execute_all", counting)
     est = estimate_experiment("zhang2025.fig5", "smoke", probe_steps=4)
     assert est.runs and all(r.regime == "full_batch" for r in est.runs)
-    assert calls == [4] * len(est.runs)
+    assert trained_steps == [4] * len(est.runs)
     assert all(r.step_seconds > 0 and r.step_seconds * r.probed_steps <= r.seconds for r in est.runs)
 
 

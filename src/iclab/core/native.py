@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,9 +29,22 @@ FLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
 _loaded: dict[tuple[Path, tuple[str, ...]], ctypes.CDLL | None] = {}
 
 
+Signature = tuple[list[type], type]  # (argtypes, restype) of one C function
+
+
+def per_real(signatures: Callable[[type], dict[str, Signature]]) -> dict[str, Signature]:
+    """The signatures of a kernel compiled as one instance per real type (``name_f32``, ``name_f64``):
+    ``signatures(R)`` with R the instance's ctypes real (``ctypes.c_float``, ``ctypes.c_double``)."""
+    return {
+        f"{name}_{tag}": sig
+        for tag, R in (("f32", ctypes.c_float), ("f64", ctypes.c_double))
+        for name, sig in signatures(R).items()
+    }
+
+
 def load(
     source: Path,
-    signatures: dict[str, tuple[list[type], type]],
+    signatures: dict[str, Signature],
     *,
     defines: dict[str, int] | None = None,
     wide: bool = False,

@@ -60,13 +60,15 @@ MAX_DIM = 24  # token widths the C kernel is built for (one build per width, unr
 WIDE = True
 _SOURCE = Path(__file__).with_name("_bilinear.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-_SIGNATURES = {
-    **{f"bl_lanes_{t}": ([], _I) for t in ("f32", "f64")},
-    **{f"bl_forward_{t}": ([_L, _I, _I, _P, _I, _P, _P, _P, _P], _I) for t in ("f32", "f64")},
-    **{f"bl_backward_{t}": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I) for t in ("f32", "f64")},
-    **{f"bl_jacobian_{t}": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I) for t in ("f32", "f64")},
-    **{f"bl_vjp_{t}": ([_L, _L, _P, _P, _P], _I) for t in ("f32", "f64")},
-}
+_SIGNATURES = native_kernels.per_real(
+    lambda _: {
+        "bl_lanes": ([], _I),
+        "bl_forward": ([_L, _I, _I, _P, _I, _P, _P, _P, _P], _I),
+        "bl_backward": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I),
+        "bl_jacobian": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I),
+        "bl_vjp": ([_L, _L, _P, _P, _P], _I),
+    }
+)
 
 
 def native(dim: int, live: int) -> ctypes.CDLL | None:

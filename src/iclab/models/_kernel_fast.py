@@ -18,8 +18,8 @@ backward skips: the gradient of the input prompt (data) and, with A ≡ 0, every
 only the query (nothing else is read out), so its score block is (1, n, b).
 
 Where a C compiler and AVX2 are there, the same pass runs as C (:class:`_NativeStack`, ``_kernel_attn.c``, float32
-and float64): 8 (4) prompts in the lanes of a vector, 16 (8) with AVX-512 (:data:`WIDE`), each target row's scores, weights and adjoints in registers,
-built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or :data:`NATIVE` = False: the torch code).
+and float64): 8 (4) prompts in the lanes of a vector, 16 (8) with AVX-512 (:data:`WIDE`), each target row's scores,
+weights and adjoints in registers, built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or :data:`NATIVE` = False: the torch code).
 
 Exactness: ``tests/test_kernel_fast.py`` checks values and every parameter gradient against the
 token-level evaluation (:meth:`KernelTransformer.forward_tokens`) in float64 to 1e-10, for each h̃ and
@@ -56,18 +56,16 @@ JACOBIAN_BYTES = 1 << 28
 ACT_CODES = {"linear": 0, "relu": 1, "exp": 2, "softmax": 3}
 _SOURCE = Path(__file__).with_name("_kernel_attn.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int
-_SIGNATURES = {
-    f"{fn}_{tag}": sig
-    for tag, R in (("f32", ctypes.c_float), ("f64", ctypes.c_double))
-    for fn, sig in (
-        ("ka_lanes", ([], _I)),
-        ("ka_kept", ([_I] * 5, ctypes.c_long)),
-        ("ka_forward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I)),
-        ("ka_backward", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 8, _I)),
-        ("ka_jacobian", ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I)),
-        ("ka_vjp", ([_I] * 5 + [R] + [_P] * 5, _I)),
-    )
-}
+_SIGNATURES = native_kernels.per_real(
+    lambda R: {
+        "ka_lanes": ([], _I),
+        "ka_kept": ([_I] * 5, ctypes.c_long),
+        "ka_forward": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I),
+        "ka_backward": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 8, _I),
+        "ka_jacobian": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I),
+        "ka_vjp": ([_I] * 5 + [R] + [_P] * 5, _I),
+    }
+)
 
 
 def native() -> ctypes.CDLL | None:

@@ -36,20 +36,19 @@ NATIVE = native_kernels.ENABLED
 WIDE = True
 #: prompts per thread's part at most (parts are a multiple of 4, so sums do not depend on the thread count)
 PART = 8192
+MIN_SPLIT = 256  # batches under 4 × this many prompts are one part
 ACT_CODES = {"relu": 1, "softmax": 3}
 MAX_DIM, MMAX = 16, 1024  # token widths a library is built for (one per width), the most sources
 
 _SOURCE = Path(__file__).with_name("_query_attn.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int
-_SIGNATURES = {
-    f"{fn}_{tag}": sig
-    for tag, R in (("f32", ctypes.c_float), ("f64", ctypes.c_double))
-    for fn, sig in (
-        ("qa_lanes", ([], _I)),
-        ("qa_forward", ([_I] * 6 + [R] + [_P] * 4, _I)),
-        ("qa_backward", ([_I] * 6 + [R] + [_P] * 6, _I)),
-    )
-}
+_SIGNATURES = native_kernels.per_real(
+    lambda R: {
+        "qa_lanes": ([], _I),
+        "qa_forward": ([_I] * 6 + [R] + [_P] * 4, _I),
+        "qa_backward": ([_I] * 6 + [R] + [_P] * 6, _I),
+    }
+)
 
 
 def native(width: int) -> ctypes.CDLL | None:
@@ -80,7 +79,7 @@ def query_update(z: Tensor, m: int, Q: Tensor, P: Tensor, activation: str, scale
 
 
 def _bounds(B: int) -> list[tuple[int, int]]:
-    part = split_evenly(B, PART) if B >= 4 * 256 else B
+    part = split_evenly(B, PART) if B >= 4 * MIN_SPLIT else B
     return [(s, min(s + part, B)) for s in range(0, B, part)]
 
 

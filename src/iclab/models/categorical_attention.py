@@ -370,7 +370,7 @@ class CategoricalTransformer(_EmbeddingModel):
         q = self._check(episode, points)
         x_ctx, x_q = self.scale * episode.x, self.scale * q
         U, E = self.W_e.T[episode.labels], self.W_e.mean(1)  # (B, n, d'), (d',): every context token's E at first
-        F_ctx = F_q = None  # F = 0 until head 1 writes it
+        F_ctx, F_q = U.new_zeros(U.shape), U.new_zeros(*x_q.shape[:2], U.shape[-1])  # (B, n, d'), (B, m, d')
         w_q = head_weights(cfg.kernel, x_ctx, x_q)  # (B, m, n)
         w_c = head_weights(cfg.kernel, x_ctx, x_ctx) if K > 1 else None  # (B, n, n)
         scale = 1.0 / n if cfg.divide_by_n and cfg.kernel != "softmax" else 1.0
@@ -378,14 +378,10 @@ class CategoricalTransformer(_EmbeddingModel):
         for k in range(K):
             V = (U - E) * scale if scale != 1.0 else U - E  # (B, n, d') the values of head 1
             alpha = self.alpha[self._block_index(k)]
-            dF_q = alpha * weigh(w_q, V)
-            F_q = dF_q if F_q is None else F_q + dF_q
+            F_q = F_q + alpha * weigh(w_q, V)
             if k < K - 1:
-                assert w_c is not None
-                dF_c = alpha * weigh(w_c, V)
-                F_ctx = dF_c if F_ctx is None else F_ctx + dF_c
+                F_ctx = F_ctx + alpha * weigh(w_c, V)
                 E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
-        assert F_q is not None
         return F_q @ self.W_e
 
 
