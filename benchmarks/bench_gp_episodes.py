@@ -5,7 +5,9 @@
 For every label kernel, the time to sample one batch of episodes (d = 5, Σ = UᵀDU, ξ on the sphere,
 labels ~ N(0, K₊) on all n + 1 points) in float32, as episodes/s, and the ratio to one Adam training step
 (forward + backward + step) of the 3-layer softmax KernelTransformer on the same batch. Target (issue,
-seed 000): generation ≤ 30% of a training step. Writes benchmarks/results/bench-gp-<device>.json.
+seed 000): generation ≤ 30% of a training step. Then the ReLU kernel's draw (|K| and |K|^{1/2} g: an
+eigendecomposition per prompt) by the batched Jacobi C kernel and by torch's eigh, alternately in one run, at n = 14
+and the n = 30 of Figs 3, 5, 6 (``--engine-rounds``, 0 skips it). Writes benchmarks/results/bench-gp-<device>.json.
 Results are recorded in docs/performance.md.
 """
 
@@ -19,7 +21,8 @@ import torch
 
 import iclab
 from iclab import models, tasks
-from iclab.bench import timeit
+from iclab.bench import alternate, timeit
+from iclab.core import symabs
 
 KERNELS = ("linear", "relu", "exp", "rbf", "arccos")
 
@@ -56,14 +59,38 @@ def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5)
     return out
 
 
+def relu_engines(device: str, batch: int, ns: tuple[int, ...], rounds: int) -> dict[str, dict[str, float]]:
+    """Milliseconds per ReLU-GP batch with the C kernel and with torch's eigh (``symabs.NATIVE``), alternately."""
+    g = iclab.generator(0, device=device)
+    task = tasks.GaussianProcess.random_rotation(generator=iclab.generator(1), kernel="relu")
+    out: dict[str, dict[str, float]] = {}
+    for n in ns:
+
+        def draw(native: bool, n: int = n) -> None:
+            symabs.NATIVE = native
+            task.sample(batch, n, generator=g)
+
+        times = alternate(
+            {"jacobi_c": lambda: draw(True), "torch_eigh": lambda: draw(False)},
+            device=torch.device(device),
+            rounds=rounds,
+        )
+        symabs.NATIVE = True
+        out[f"n{n}"] = {k: 1e3 * v for k, v in times.items()} | {"speedup": times["torch_eigh"] / times["jacobi_c"]}
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("device", nargs="?", default="cpu")
     ap.add_argument("--batch", type=int, default=30_000)
     ap.add_argument("--n", type=int, default=14)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--engine-rounds", type=int, default=5)
     args = ap.parse_args()
     res = run(args.device, args.batch, args.n, args.repeats)
+    if args.engine_rounds and args.device == "cpu":
+        res["relu_engines_ms"] = relu_engines(args.device, args.batch, (14, 30), args.engine_rounds)
     path = Path("benchmarks/results") / f"bench-gp-{args.device.replace(':', '')}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=2))

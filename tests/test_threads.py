@@ -1,14 +1,14 @@
 """iclab.core.threads.map_on_threads: ordered results, no autograd recording, torch's thread count restored; and
-the chunked eigh of the relu-GP sampler gives the sample of one batched eigh."""
+the relu-GP sampler in chunks (torch eigh, or the C kernel in float32) gives the sample of one batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from iclab.core import symabs
 from iclab.core.seeding import generator
 from iclab.core.threads import map_on_threads
-from iclab.tasks import gaussian_process
 from iclab.tasks.gaussian_process import GaussianProcess
 
 
@@ -28,14 +28,16 @@ def test_results_in_order_without_grad_and_threads_restored(threads):
         assert {o[1] for o in out} == {1}  # each worker single-threaded
 
 
-def test_chunked_eigh_sample_equals_one_batched_eigh(monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_chunked_eigh_sample_equals_one_batched_eigh(monkeypatch, dtype):
+    """float64: torch's eigh in chunks on threads; float32: the C kernel's parts on threads."""
     task = GaussianProcess.random_rotation(generator=generator(0), kernel="relu")
-    whole = task.sample(50, 6, generator=generator(1), dtype=torch.float64)
-    monkeypatch.setattr(gaussian_process, "EIGH_CHUNK", 8)
+    whole = task.sample(50, 6, generator=generator(1), dtype=dtype)
+    monkeypatch.setattr(symabs, "PART", 8)
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        chunked = task.sample(50, 6, generator=generator(1), dtype=torch.float64)
+        chunked = task.sample(50, 6, generator=generator(1), dtype=dtype)
     finally:
         torch.set_num_threads(old)
     torch.testing.assert_close(chunked.y, whole.y, rtol=0, atol=1e-12)

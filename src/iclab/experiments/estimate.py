@@ -6,7 +6,8 @@
 The probe runs the experiment's own ``run`` with the preset's config (same data sizes, models, seeds, evaluation),
 then its plots and claims, but :class:`~iclab.experiments.registry.RunContext` trains every run for ``probe_steps``
 steps. A sampled run's cost per step is the trainer's in-loop timer (:class:`~iclab.training.StepTiming`: the median
-step, robust to a busy machine, plus the evaluation amortised over ``eval_every``), as is a full-batch run of a
+step, robust to a busy machine, plus the evaluation amortised over ``eval_every`` and the drawing of a new batch over
+``resample_every``), as is a full-batch run of a
 token-level module (trained by the same trainer); a run of a reduced model's full-batch GD or of the population flow
 is trained again for half as many steps and the difference of the two times is its cost per step. The rest of a run's
 time is its fixed cost (model build, data, first and last evaluation). Past ``probe_runs`` runs, a run trains one step

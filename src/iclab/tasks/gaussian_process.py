@@ -35,7 +35,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
 from iclab.core.kernels import CompositeKernel, Kernel, KernelLike, as_kernel, uses_softmax
 from iclab.core.numerics import is_psd, sym_inv_sqrt, sym_sqrt
-from iclab.core.threads import map_on_threads
+from iclab.core.symabs import abs_sample
 from iclab.tasks.linear_regression import check_batch_n, rotated_covariance
 
 Covariates = Literal["sphere", "gaussian", "clustered"]
@@ -45,8 +45,6 @@ METHODS = ("auto", "eigh")
 
 #: The spectrum D of Σ = UᵀDU in every experiment of Cheng, Chen, Sra 2024 (App. H.1), d = 5.
 CHENG2024_SPECTRUM = (1.0, 1.0, 0.25, 2.25, 1.0)
-#: prompts per batched eigh on a CPU thread (:meth:`GaussianProcess._eigh_sample`)
-EIGH_CHUNK = 4096
 #: The authors' code's exp kernel is exp(⟨u, w⟩/2), i.e. σ = √2 here (the paper: σ = 1); docs/errata.md.
 CODE_EXP_SIGMA = math.sqrt(2.0)
 
@@ -200,22 +198,14 @@ class GaussianProcess:
 
     @staticmethod
     def _eigh_sample(K: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-        """y = U|D|^{1/2} g and K₊ = U|D|Uᵀ from K = UDUᵀ. The spectrum is needed (K₊ flips the negative
-        eigenvalues; every relu Gram matrix of the paper's set-up is indefinite, so no Cholesky shortcut
-        applies). torch runs a batched eigh on one CPU thread: the batch is split over torch's threads
-        (:func:`iclab.core.threads.map_on_threads`), 1.5× at 2 threads."""
-
-        def part(i: int) -> tuple[Tensor, Tensor]:
-            Ki, gi = K[i : i + EIGH_CHUNK], g[i : i + EIGH_CHUNK]
-            evals, evecs = torch.linalg.eigh(Ki)  # K = U D Uᵀ
-            mag = evals.abs()  # |D|: K₊ = U |D| Uᵀ (Def. 3.3)
-            y = (evecs @ (mag.sqrt() * gi).unsqueeze(-1)).squeeze(-1)
-            return y, (evecs * mag.unsqueeze(-2)) @ evecs.transpose(-1, -2)
-
-        parts = map_on_threads(part, range(0, K.shape[0], EIGH_CHUNK), K.is_cuda)
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        """y = |K|^{1/2} g = U|D|^{1/2}Uᵀ g and K₊ = U|D|Uᵀ from K = UDUᵀ (:func:`iclab.core.symabs.abs_sample`).
+        The spectrum is needed (K₊ flips the negative eigenvalues; every relu Gram matrix of the paper's set-up is
+        indefinite, so no Cholesky shortcut applies). The symmetric square root makes y the same whichever
+        eigenvectors a solver returns; float32 on a CPU runs the batched Jacobi kernel (2.5x torch's eigh at
+        n = 30), the rest torch's eigh split over torch's threads."""
+        y, K_plus = abs_sample(K, g)
+        assert K_plus is not None
+        return y, K_plus
 
 
 @dataclass(frozen=True, kw_only=True)

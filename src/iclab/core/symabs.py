@@ -1,0 +1,109 @@
+"""|K| and a Gaussian draw with covariance |K| for a batch of small symmetric matrices.
+
+A kernel that is not positive semi-definite (Cheng et al.'s ReLU kernel: every Gram matrix of their set-up is
+indefinite) has no Gaussian process; the paper's labels follow N(0, K₊) with K₊ = U|D|Uᵀ from K = UDUᵀ (Def. 3.3).
+:func:`abs_sample` gives, per prompt,
+
+    y = |K|^{1/2} g = U |D|^{1/2} Uᵀ g,        K₊ = |K| = U |D| Uᵀ,
+
+the symmetric square root, so y does not depend on which eigenvectors a solver returns (signs, a basis of a
+repeated eigenvalue): the C kernel and torch give the same draw to rounding.
+
+On the CPU the C kernel ``_sym_abs.c`` diagonalises 16 float32 matrices at once (8 with AVX2) by cyclic Jacobi
+rotations, one vector operation per step for all of them; ``torch.linalg.eigh`` calls LAPACK once per matrix, which
+at 31 × 31 (n = 30) is mostly call and workspace overhead. At Cheng et al.'s batch (30 000 prompts of n = 30,
+resampled every 10 steps) this draw cost as much per step as the model's training step on a ReLU-label run;
+docs/performance.md has the timings. Elsewhere (float64 unless asked for, a GPU, no C compiler,
+``ICLAB_NATIVE=0``, matrices over 64 × 64, a batch where the sweeps do not converge) torch's eigh runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from iclab.core import native as native_kernels
+from iclab.core.threads import map_on_threads, split_evenly
+
+#: use ``_sym_abs.c`` where it can be built; ``ICLAB_NATIVE=0`` or False: torch's eigh
+NATIVE = native_kernels.ENABLED
+#: build with AVX-512 where the CPU has it (16 float32 matrices side by side); False: AVX2 (8), as without it
+WIDE = True
+#: matrices per thread's part at most (the C kernel) or per eigh call (torch, which runs a batched eigh on one thread)
+PART = 4096
+
+Engine = Literal["auto", "native", "torch"]
+ENGINES = ("auto", "native", "torch")
+
+_SOURCE = Path(__file__).with_name("_sym_abs.c")
+_P, _I = ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {"sa_nmax": ([], _I), **native_kernels.per_real(lambda R: {"sa_sample": ([_I, _I] + [_P] * 4, _I)})}
+
+
+def native() -> ctypes.CDLL | None:
+    """``_sym_abs.c`` compiled (:func:`iclab.core.native.load`, AVX-512 where the CPU has it), or None."""
+    return native_kernels.load(_SOURCE, _SIGNATURES, wide=WIDE)
+
+
+def abs_sample(K: Tensor, g: Tensor, *, with_abs: bool = True, engine: Engine = "auto") -> tuple[Tensor, Tensor | None]:
+    """y = |K|^{1/2} g (B, N) and, with ``with_abs``, |K| (B, N, N), for symmetric ``K`` (B, N, N) and ``g`` (B, N).
+
+    K must be symmetric (neither path symmetrises it); float32 or float64, any device. ``engine``: "auto" runs the C
+    kernel for float32 on a CPU (in float64 it is no faster than LAPACK here: 73 vs 71 µs a 31 × 31 matrix with
+    AVX-512) and torch's eigh otherwise; "native" the C kernel wherever it can run (tests, float64 timings);
+    "torch" torch's eigh."""
+    if K.ndim != 3 or K.shape[-1] != K.shape[-2] or g.shape != K.shape[:-1]:
+        raise ValueError(f"abs_sample: K must be (B, N, N) and g (B, N); got {tuple(K.shape)} and {tuple(g.shape)}")
+    if engine not in ENGINES:
+        raise ValueError(f"abs_sample: engine must be one of {ENGINES}; got {engine!r}")
+    wanted = engine == "native" or (engine == "auto" and K.dtype == torch.float32)
+    lib = _library(K) if wanted else None
+    if lib is not None:
+        out = _native(lib, K.contiguous(), g.to(K.dtype).contiguous(), with_abs)
+        if out is not None:
+            return out
+    return _torch(K, g.to(K.dtype), with_abs)
+
+
+def _library(K: Tensor) -> ctypes.CDLL | None:
+    if not NATIVE or K.device.type != "cpu" or K.dtype not in (torch.float32, torch.float64) or K.shape[0] == 0:
+        return None
+    lib = native()
+    return lib if lib is not None and K.shape[-1] <= lib.sa_nmax() else None
+
+
+def _native(lib: ctypes.CDLL, K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None] | None:
+    B, N = g.shape
+    fn = lib.sa_sample_f32 if K.dtype == torch.float32 else lib.sa_sample_f64
+    y = torch.empty_like(g)
+    kp = torch.empty_like(K) if with_abs else None
+    part = split_evenly(B, PART)
+
+    def run(i: int) -> int:
+        b = min(part, B - i)
+        kp_ptr = kp[i:].data_ptr() if kp is not None else None
+        return int(fn(b, N, K[i:].data_ptr(), g[i:].data_ptr(), y[i:].data_ptr(), kp_ptr))
+
+    failed = map_on_threads(run, range(0, B, part))
+    if any(f != 0 for f in failed):
+        return None
+    return y, kp
+
+
+def _torch(K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None]:
+    def part(i: int) -> tuple[Tensor, Tensor | None]:
+        evals, U = torch.linalg.eigh(K[i : i + PART])  # K = U D Uᵀ
+        mag = evals.abs()
+        proj = (U.transpose(-1, -2) @ g[i : i + PART].unsqueeze(-1)).squeeze(-1)  # Uᵀ g
+        y = (U @ (mag.sqrt() * proj).unsqueeze(-1)).squeeze(-1)
+        return y, ((U * mag.unsqueeze(-2)) @ U.transpose(-1, -2) if with_abs else None)
+
+    parts = map_on_threads(part, range(0, K.shape[0], PART), K.is_cuda)
+    y = torch.cat([p[0] for p in parts])
+    if not with_abs:
+        return y, None
+    return y, torch.cat([p[1] for p in parts])  # type: ignore[misc]
