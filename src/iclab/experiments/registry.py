@@ -225,7 +225,9 @@ class RunContext:
             fixed = max(times[0] - step, 0.0)
         elif timing is not None and timing.steps == full:
             step = timing.per_step()
-            periodic = timing.evals * timing.eval_seconds + (timing.draws * timing.draw_seconds if timing.draw_every else 0)
+            periodic = timing.evals * timing.eval_seconds + (
+                timing.draws * timing.draw_seconds if timing.draw_every else 0
+            )
             fixed = max(times[0] - timing.steps * timing.step_seconds - periodic, 0.0)
         elif full == 1:  # a one-step run: no fixed cost to split off
             step, fixed = times[0], 0.0
