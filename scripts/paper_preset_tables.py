@@ -3,11 +3,14 @@ benchmarks/results/paper_presets.json: what was run at `paper` (claims, wall) an
 
     python scripts/paper_preset_tables.py            # rewrite the marked sections in place
     python scripts/paper_preset_tables.py record RUN_DIR --where "session 13, --workers 2" [--note TEXT]
+    python scripts/paper_preset_tables.py estimate EXPERIMENT --probe "3 steps × every run, 1 thread, session 14"
 
 ``record`` reads a finished run directory (summary.json, claims.json, config.yaml) into the JSON and rewrites the
 tables: as the preset's ``run`` when its config is the paper preset's, else as one of its ``reduced`` runs, labelled
 with every setting that differs from the paper (``seeds=1 (paper 6)``), so a reduced budget can never pass for the
-paper's.
+paper's. A reduced run's ``--note`` stays with that run (the experiment's note, the projection's, is kept).
+``estimate`` probes the preset (:func:`iclab.experiments.estimate.estimate_experiment`, every run) and writes the
+projection.
 
 Each page holds the table between ``<!-- paper-preset:begin -->`` and ``<!-- paper-preset:end -->``; the notes
 (diagnoses, reduced-budget runs) live in the JSON beside the numbers, so the tables cannot drift from the data.
@@ -55,7 +58,9 @@ def _row(name: str, entry: dict) -> str:
             projected += " (lower bound)"
         if est.get("probe"):
             projected += f" ({est['probe']})"
-    return f"| {name} | {claims} | {wall} | {projected} | {entry.get('note', '')} |"
+    notes = [entry.get("note", "")]
+    notes += [f"Reduced run ({red['overrides']}): {red['note']}" for red in entry.get("reduced", []) if red.get("note")]
+    return f"| {name} | {claims} | {wall} | {projected} | {' '.join(n for n in notes if n)} |"
 
 
 def table(entries: dict[str, dict], names: list[str]) -> str:
@@ -139,14 +144,32 @@ def record(run_dir: Path, where: str, note: str | None) -> str:
     data = json.loads(JSON.read_text())
     target = data["experiments"].setdefault(name, {})
     if off:  # one entry per set of departures: a rerun of the same reduced budget replaces its entry
+        if note:
+            entry["note"] = note
         kept = [r for r in target.get("reduced", []) if r["overrides"] != entry["overrides"]]
         target["reduced"] = [*kept, entry]
     else:
         target["run"] = entry
-    if note:
-        target["note"] = note
+        if note:
+            target["note"] = note
     JSON.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
     return f"{name}: {'reduced' if off else 'run'} {entry['passed']}/{entry['claims']} in {entry['seconds']} s"
+
+
+def estimate(name: str, probe: str, probe_steps: int) -> str:
+    """Probe ``name`` at paper (every run, ``probe_steps`` steps) and write its projection into the JSON."""
+    import time
+
+    from iclab.experiments.estimate import estimate_experiment
+
+    t0 = time.perf_counter()
+    est = estimate_experiment(name, "paper", probe_steps=probe_steps).to_dict()
+    est.pop("runs")
+    est |= {"probe": probe, "probe_wall": round(time.perf_counter() - t0)}
+    data = json.loads(JSON.read_text())
+    data["experiments"].setdefault(name, {})["estimate"] = est
+    JSON.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    return f"{name}: {format_seconds(est['projected_seconds'])} projected, {est['core_hours']} core-hours"
 
 
 def main() -> None:
@@ -156,9 +179,17 @@ def main() -> None:
     rec.add_argument("run_dir", type=Path)
     rec.add_argument("--where", required=True, help='e.g. "session 13, --workers 2, 1 thread each"')
     rec.add_argument("--note", help="the row's note: the paper's number beside ours, the diagnosis")
+    est = sub.add_parser("estimate", help="probe a paper preset and record its projection, then rewrite the tables")
+    est.add_argument("experiment")
+    est.add_argument(
+        "--probe", required=True, help='how it was probed, e.g. "3 steps × every run, 1 thread, session 14"'
+    )
+    est.add_argument("--probe-steps", type=int, default=3)
     args = parser.parse_args()
     if args.command == "record":
         print(record(args.run_dir, args.where, args.note))
+    elif args.command == "estimate":
+        print(estimate(args.experiment, args.probe, args.probe_steps))
     write_tables()
 
 

@@ -86,11 +86,34 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     reduced["train"]["steps"] = 100
     tables.record(run_dir("reduced", reduced), "here", None)
     tables.record(run_dir("paper", paper), "there", "note")
-    tables.record(run_dir("reduced-again", reduced), "again", None)  # the same departures: replaces its entry
+    tables.record(run_dir("reduced-again", reduced), "again", "small")  # the same departures: replaces its entry
     entry = json.loads(store.read_text())["experiments"][name]
     (red,) = entry["reduced"]
+    assert red["note"] == "small" and entry["note"] == "note"  # a reduced run's note stays with it
     assert red["overrides"] == f"seeds=1 (paper 6), train.steps=100 (paper {paper['train']['steps']})"
     assert (red["claims"], red["passed"], red["failed"], red["where"]) == (2, 1, ["b"], "again")
     assert "overrides" not in entry["run"] and entry["run"]["where"] == "there" and entry["note"] == "note"
     row = tables._row(name, {"reduced": entry["reduced"]})
     assert f"not run; reduced budget ({red['overrides']}): 1/2 in" in row
+    assert row.endswith(f"| Reduced run ({red['overrides']}): small |")
+
+
+def test_estimate_records_the_projection(tmp_path, monkeypatch) -> None:
+    """`paper_preset_tables.py estimate`: the probe's projection (no per-run list) with how it was probed."""
+    import json
+
+    from iclab.experiments import estimate as estimate_module
+    from iclab.experiments.registry import RunProbe
+
+    tables = _tables_script()
+    store = tmp_path / "paper_presets.json"
+    store.write_text(json.dumps({"intro": "", "experiments": {"zhang2025.fig3": {"note": "kept"}}}))
+    monkeypatch.setattr(tables, "JSON", store)
+    probe = RunProbe("r", "sampled", steps=100, probed_steps=3, seconds=0.5, fixed_seconds=0.2, step_seconds=0.1)
+    fake = estimate_module.Estimate("zhang2025.fig3", "paper", 3, 1.0, (probe,))
+    monkeypatch.setattr(estimate_module, "estimate_experiment", lambda name, preset, probe_steps: fake)
+    tables.estimate("zhang2025.fig3", "3 steps × every run, here", 3)
+    entry = json.loads(store.read_text())["experiments"]["zhang2025.fig3"]
+    assert entry["note"] == "kept" and "runs" not in entry["estimate"]
+    assert entry["estimate"]["projected_seconds"] == round(1.0 - 0.5 + 0.2 + 0.1 * 100, 1)
+    assert entry["estimate"]["probe"] == "3 steps × every run, here"
