@@ -163,3 +163,53 @@ def test_relu_gp_labels_have_covariance_k_plus():
     Kp = ep.task["K_plus"].double()
     for v in (ep.y_query.double() ** 2 - Kp[:, 6, 6], ep.y[:, 0].double() * ep.y_query.double() - Kp[:, 0, 6]):
         assert abs(float(v.mean())) < 4 * float(v.std()) / v.numel() ** 0.5
+
+
+def _psd(B: int, N: int, seed: int, dtype=F64) -> tuple[torch.Tensor, torch.Tensor]:
+    u = torch.nn.functional.normalize(torch.randn(B, N, 5, generator=generator(seed), dtype=F64), dim=-1)
+    return gram("exp", u, u).to(dtype), torch.randn(B, N, generator=generator(seed + 1), dtype=F64).to(dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("B", "N"), [(1, 1), (7, 2), (37, 15), (40, 31), (9, 64)])
+def test_cholesky_float64_matches_lapack(build, B, N):
+    K, g = _psd(B, N, seed=N)
+    K = K + 0.1 * torch.eye(N, dtype=F64)  # well conditioned at every N
+    y, bad = symabs.cholesky_sample(K, g, engine="native")
+    y_ref, bad_ref = symabs.cholesky_sample(K, g, engine="torch")
+    assert not bad.any() and not bad_ref.any()
+    assert _rel(y, y_ref) < 1e-10
+
+
+@needs_kernel
+def test_cholesky_flags_what_is_not_positive_definite(build):
+    K, g = _psd(12, 6, seed=20)
+    K[3] = gram("exp", torch.ones(1, 6, 2, dtype=F64), torch.ones(1, 6, 2, dtype=F64))[0]  # rank 1
+    K[5] = -K[5]
+    K[8, 2, 2] = float("nan")
+    y, bad = symabs.cholesky_sample(K, g, engine="native")
+    assert bad.tolist() == [i in (3, 5, 8) for i in range(12)]
+    good = ~bad
+    assert _rel(y[good], symabs.cholesky_sample(K[good], g[good], engine="torch")[0]) < 1e-10
+
+
+@needs_kernel
+def test_cholesky_float32_as_accurate_as_torch_float32(build):
+    K, g = _psd(45, 31, seed=21, dtype=torch.float32)
+    y_ref = symabs.cholesky_sample(K.double(), g.double(), engine="torch")[0]
+    y, _ = symabs.cholesky_sample(K, g)
+    y_t, _ = symabs.cholesky_sample(K, g, engine="torch")
+    assert y.dtype == torch.float32
+    assert _rel(y, y_ref) <= max(3 * _rel(y_t, y_ref), 1e-5)
+
+
+def test_cholesky_refuses_bad_input_and_runs_torch_without_the_kernel(monkeypatch):
+    K, g = _psd(5, 4, seed=22)
+    with pytest.raises(ValueError, match=r"K must be \(B, N, N\)"):
+        symabs.cholesky_sample(K[0], g)
+    with pytest.raises(ValueError, match="engine must be one of"):
+        symabs.cholesky_sample(K, g, engine="lapack")  # type: ignore[arg-type]
+    monkeypatch.setattr(symabs, "NATIVE", False)
+    y, bad = symabs.cholesky_sample(K, g)
+    L = torch.linalg.cholesky(K)
+    assert not bad.any() and _rel(y, (L @ g.unsqueeze(-1)).squeeze(-1)) < 1e-12

@@ -28,10 +28,12 @@ def test_results_in_order_without_grad_and_threads_restored(threads):
         assert {o[1] for o in out} == {1}  # each worker single-threaded
 
 
+@pytest.mark.parametrize("kernel", ["relu", "exp"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_chunked_eigh_sample_equals_one_batched_eigh(monkeypatch, dtype):
-    """float64: torch's eigh in chunks on threads; float32: the C kernel's parts on threads."""
-    task = GaussianProcess.random_rotation(generator=generator(0), kernel="relu")
+def test_chunked_eigh_sample_equals_one_batched_eigh(monkeypatch, dtype, kernel):
+    """relu, float64: torch's eigh in chunks on threads; float32: the Jacobi C kernel's parts on threads; exp: the
+    Cholesky C kernel's parts."""
+    task = GaussianProcess.random_rotation(generator=generator(0), kernel=kernel)
     whole = task.sample(50, 6, generator=generator(1), dtype=dtype)
     monkeypatch.setattr(symabs, "PART", 8)
     old = torch.get_num_threads()

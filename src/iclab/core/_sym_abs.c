@@ -43,6 +43,7 @@ int sa_nmax(void) { return NMAX; }
 #else
 
 #undef real
+#undef ireal
 #undef vec
 #undef ivec
 #undef L
@@ -53,6 +54,7 @@ int sa_nmax(void) { return NMAX; }
 #undef ABSMASK
 #if SYM_ABS_REAL == 32
 #define real float
+#define ireal int
 #define vec vec_f32
 #define ivec ivec_f32
 #define L (VBYTES / 4)
@@ -63,6 +65,7 @@ int sa_nmax(void) { return NMAX; }
 #define ABSMASK 0x7fffffff
 #else
 #define real double
+#define ireal long long
 #define vec vec_f64
 #define ivec ivec_f64
 #define L (VBYTES / 8)
@@ -76,7 +79,7 @@ int sa_nmax(void) { return NMAX; }
 /* (x, y) <- (c x - s y, s x + c y) in Rutishauser's form (tau = s / (1 + c)): small corrections when s is small */
 #define ROTATE(x, y) do { vec a_ = (x), b_ = (y); (x) = a_ - s * (b_ + tau * a_); (y) = b_ + s * (a_ - tau * b_); } while (0)
 typedef real vec __attribute__((vector_size(VBYTES))); /* one element of L matrices: one AVX(-512) vector */
-typedef __typeof__((vec){0} < (vec){0}) ivec;     /* its lane masks (-1 true, 0 false) and bit patterns */
+typedef ireal ivec __attribute__((vector_size(VBYTES))); /* its lane masks (-1 true, 0 false) and bit patterns */
 
 /* One group: A (N, N) symmetric in its upper triangle (element (i, j) is A[min][max]), overwritten by its diagonal
    form; VT (N, N) = I on entry, V^T on exit; one vec per element. Returns 1 if every lane converged. (Tried: the
@@ -164,6 +167,51 @@ int NAME(sa_sample)(int B, int N, const real *k, const real *g, real *y, real *k
     }
     free(A);
     return failed;
+}
+
+/* y = L g with L L^T = K (Cholesky; the law N(0, K) of a positive definite kernel's labels): k (B, N, N), g (B, N)
+   -> y (B, N), bad (B,) = 1 where a pivot is not positive (K not numerically positive definite: the caller draws
+   that prompt by sa_sample), else 0. Row-oriented Cholesky-Banachiewicz on the lower triangle, L matrices at once. */
+int NAME(sa_cholesky)(int B, int N, const real *k, const real *g, real *y, int *bad) {
+    if (N < 1 || N > NMAX) return -1;
+    vec *A = aligned_alloc(64, ((size_t)N * N + 2 * N) * sizeof(vec));
+    if (A == NULL) return -1;
+    vec *G = A + N * N, *Y = G + N;
+    for (int b0 = 0; b0 < B; b0 += L) {
+        int m = B - b0 < L ? B - b0 : L;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j <= i; j++)
+                for (int l = 0; l < L; l++) A[i * N + j][l] = l < m ? k[(size_t)(b0 + l) * N * N + i * N + j] : (i == j);
+        for (int i = 0; i < N; i++)
+            for (int l = 0; l < L; l++) G[i][l] = l < m ? g[(size_t)(b0 + l) * N + i] : 0;
+        ivec fail = {0};
+        for (int i = 0; i < N; i++) {
+            vec *ri = A + i * N;
+            for (int j = 0; j < i; j++) {
+                vec *rj = A + j * N, acc = ri[j];
+                for (int t = 0; t < j; t++) acc -= ri[t] * rj[t];
+                ri[j] = acc / rj[j];
+            }
+            vec d = ri[i], r = ZEROV;
+            for (int t = 0; t < i; t++) d -= ri[t] * ri[t];
+            ivec off = ~(ivec)(d > 0); /* also NaN */
+            fail |= off;
+            d = (vec)((~off & (ivec)d) | (off & (ivec)(ZEROV + 1)));  /* a failed lane goes on with 1: finite */
+            for (int l = 0; l < L; l++) r[l] = SQRT(d[l]);
+            ri[i] = r;
+        }
+        for (int i = 0; i < N; i++) {
+            vec acc = ZEROV;
+            for (int j = 0; j <= i; j++) acc += A[i * N + j] * G[j];
+            Y[i] = acc;
+        }
+        for (int l = 0; l < m; l++) {
+            bad[b0 + l] = fail[l] != 0;
+            for (int i = 0; i < N; i++) y[(size_t)(b0 + l) * N + i] = Y[i][l];
+        }
+    }
+    free(A);
+    return 0;
 }
 
 #endif

@@ -41,7 +41,12 @@ ENGINES = ("auto", "native", "torch")
 
 _SOURCE = Path(__file__).with_name("_sym_abs.c")
 _P, _I = ctypes.c_void_p, ctypes.c_int
-_SIGNATURES = {"sa_nmax": ([], _I), **native_kernels.per_real(lambda R: {"sa_sample": ([_I, _I] + [_P] * 4, _I)})}
+_SIGNATURES = {
+    "sa_nmax": ([], _I),
+    **native_kernels.per_real(
+        lambda R: {"sa_sample": ([_I, _I] + [_P] * 4, _I), "sa_cholesky": ([_I, _I] + [_P] * 4, _I)}
+    ),
+}
 
 
 def native() -> ctypes.CDLL | None:
@@ -107,3 +112,34 @@ def _torch(K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None]
     if not with_abs:
         return y, None
     return y, torch.cat([p[1] for p in parts])  # type: ignore[misc]
+
+
+def cholesky_sample(K: Tensor, g: Tensor, *, engine: Engine = "auto") -> tuple[Tensor, Tensor]:
+    """y = L g (B, N) with L Lᵀ = K (Cholesky), and ``bad`` (B,) bool: the prompts whose K is not numerically positive
+    definite (their y is not a draw: redraw them by :func:`abs_sample`). ``engine``: "auto" and "native" run the C
+    kernel on a CPU (L matrices side by side, no LAPACK call per matrix), "torch" ``torch.linalg.cholesky_ex``."""
+    if K.ndim != 3 or K.shape[-1] != K.shape[-2] or g.shape != K.shape[:-1]:
+        raise ValueError(
+            f"cholesky_sample: K must be (B, N, N) and g (B, N); got {tuple(K.shape)} and {tuple(g.shape)}"
+        )
+    if engine not in ENGINES:
+        raise ValueError(f"cholesky_sample: engine must be one of {ENGINES}; got {engine!r}")
+    lib = _library(K) if engine != "torch" else None
+    g = g.to(K.dtype)
+    if lib is not None:
+        K, g = K.contiguous(), g.contiguous()
+        B, N = g.shape
+        fn = lib.sa_cholesky_f32 if K.dtype == torch.float32 else lib.sa_cholesky_f64
+        y = torch.empty_like(g)
+        bad = torch.empty(B, dtype=torch.int32)
+        part = split_evenly(B, PART)
+
+        def run(i: int) -> int:
+            return int(
+                fn(min(part, B - i), N, K[i:].data_ptr(), g[i:].data_ptr(), y[i:].data_ptr(), bad[i:].data_ptr())
+            )
+
+        if all(r == 0 for r in map_on_threads(run, range(0, B, part))):
+            return y, bad.bool()
+    chol, info = torch.linalg.cholesky_ex(K)
+    return (chol @ g.unsqueeze(-1)).squeeze(-1), info != 0

@@ -35,7 +35,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
 from iclab.core.kernels import CompositeKernel, Kernel, KernelLike, as_kernel, uses_softmax
 from iclab.core.numerics import is_psd, sym_inv_sqrt, sym_sqrt
-from iclab.core.symabs import abs_sample
+from iclab.core.symabs import abs_sample, cholesky_sample
 from iclab.tasks.linear_regression import check_batch_n, rotated_covariance
 
 Covariates = Literal["sphere", "gaussian", "clustered"]
@@ -183,11 +183,10 @@ class GaussianProcess:
 
     @staticmethod
     def _factor_sample(K: Tensor, g: Tensor, *, psd: bool) -> tuple[Tensor, Tensor]:
-        """y = F g with F Fᵀ = K₊, and K₊ itself: Cholesky where it succeeds (PSD kernels), else eigh."""
+        """y = F g with F Fᵀ = K₊, and K₊ itself: Cholesky where it succeeds (PSD kernels; on a CPU the C kernel of
+        :func:`iclab.core.symabs.cholesky_sample`), else eigh."""
         if psd:
-            chol, info = torch.linalg.cholesky_ex(K)  # (B, N, N)
-            y = (chol @ g.unsqueeze(-1)).squeeze(-1)
-            bad = info != 0
+            y, bad = cholesky_sample(K, g)
             if not bool(bad.any()):
                 return y, K
             y_bad, K_bad = GaussianProcess._eigh_sample(K[bad], g[bad])
