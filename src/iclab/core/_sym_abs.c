@@ -17,12 +17,9 @@
    or -1 (N over NMAX, no memory). Compiled once per real type: this file includes itself. */
 #ifndef SYM_ABS_REAL
 #include <float.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC optimize("no-math-errno") /* the per-lane sqrt loops vectorise */
-#endif
+#include <immintrin.h>
 
 #define MAX_SWEEPS 40
 #if defined(__AVX512F__)
@@ -50,7 +47,7 @@ int sa_nmax(void) { return NMAX; }
 #undef EPS
 #undef TINY
 #undef NAME
-#undef SQRT
+#undef VSQRT
 #undef ABSMASK
 #if SYM_ABS_REAL == 32
 #define real float
@@ -61,8 +58,12 @@ int sa_nmax(void) { return NMAX; }
 #define EPS FLT_EPSILON
 #define TINY FLT_MIN
 #define NAME(f) f##_f32
-#define SQRT sqrtf
 #define ABSMASK 0x7fffffff
+#if VBYTES == 64
+#define VSQRT(x) ((vec)_mm512_sqrt_ps((__m512)(x)))
+#else
+#define VSQRT(x) ((vec)_mm256_sqrt_ps((__m256)(x)))
+#endif
 #else
 #define real double
 #define ireal long long
@@ -72,8 +73,12 @@ int sa_nmax(void) { return NMAX; }
 #define EPS DBL_EPSILON
 #define TINY DBL_MIN
 #define NAME(f) f##_f64
-#define SQRT sqrt
 #define ABSMASK 0x7fffffffffffffffLL
+#if VBYTES == 64
+#define VSQRT(x) ((vec)_mm512_sqrt_pd((__m512d)(x)))
+#else
+#define VSQRT(x) ((vec)_mm256_sqrt_pd((__m256d)(x)))
+#endif
 #endif
 #define ZEROV ((vec){0})
 /* (x, y) <- (c x - s y, s x + c y) in Rutishauser's form (tau = s / (1 + c)): small corrections when s is small */
@@ -99,14 +104,11 @@ static int NAME(jacobi)(vec *restrict A, vec *restrict VT, int N) {
                 for (int l = 0; l < L; l++) any |= (int)on[l];
                 if (!any) continue;
                 rotated = 1;
-                vec ah = (vec)((ivec)h & ABSMASK), den = ZEROV, cv = ZEROV;
-                vec r = h * h + 4 * apq * apq;
-                for (int l = 0; l < L; l++) den[l] = SQRT(r[l]);
-                den += ah + TINY;
+                vec ah = (vec)((ivec)h & ABSMASK);
+                vec den = VSQRT(h * h + 4 * apq * apq) + ah + TINY;
                 vec sgn = 1 + 2 * __builtin_convertvector(h < 0, vec); /* true is -1 */
                 vec t = (vec)(on & (ivec)(2 * apq * sgn / den));  /* 0 in a lane that does not rotate */
-                vec tt = 1 + t * t;
-                for (int l = 0; l < L; l++) cv[l] = 1 / SQRT(tt[l]);
+                vec cv = 1 / VSQRT(1 + t * t);
                 vec s = t * cv, tau = s / (1 + cv);
                 A[p * N + p] -= t * apq;
                 A[q * N + q] += t * apq;
@@ -144,11 +146,10 @@ int NAME(sa_sample)(int B, int N, const real *k, const real *g, real *y, real *k
         for (int i = 0; i < N; i++) Y[i] = ZEROV;
         for (int p = 0; p < N; p++) {
             const vec *v = VT + p * N;
-            vec proj = ZEROV, d = (vec)((ivec)A[p * N + p] & ABSMASK), rd = ZEROV;
+            vec proj = ZEROV, d = (vec)((ivec)A[p * N + p] & ABSMASK);
             for (int i = 0; i < N; i++) proj += v[i] * G[i];
             W[p] = d;
-            for (int l = 0; l < L; l++) rd[l] = SQRT(d[l]);
-            proj *= rd;
+            proj *= VSQRT(d);
             for (int i = 0; i < N; i++) Y[i] += v[i] * proj;
         }
         for (int l = 0; l < m; l++)
@@ -192,13 +193,12 @@ int NAME(sa_cholesky)(int B, int N, const real *k, const real *g, real *y, int *
                 for (int t = 0; t < j; t++) acc -= ri[t] * rj[t];
                 ri[j] = acc / rj[j];
             }
-            vec d = ri[i], r = ZEROV;
+            vec d = ri[i];
             for (int t = 0; t < i; t++) d -= ri[t] * ri[t];
             ivec off = ~(ivec)(d > 0); /* also NaN */
             fail |= off;
             d = (vec)((~off & (ivec)d) | (off & (ivec)(ZEROV + 1)));  /* a failed lane goes on with 1: finite */
-            for (int l = 0; l < L; l++) r[l] = SQRT(d[l]);
-            ri[i] = r;
+            ri[i] = VSQRT(d);
         }
         for (int i = 0; i < N; i++) {
             vec acc = ZEROV;

@@ -9,12 +9,13 @@ indefinite) has no Gaussian process; the paper's labels follow N(0, K₊) with K
 the symmetric square root, so y does not depend on which eigenvectors a solver returns (signs, a basis of a
 repeated eigenvalue): the C kernel and torch give the same draw to rounding.
 
-On the CPU the C kernel ``_sym_abs.c`` diagonalises 16 float32 matrices at once (8 with AVX2) by cyclic Jacobi
-rotations, one vector operation per step for all of them; ``torch.linalg.eigh`` calls LAPACK once per matrix, which
+On the CPU the C kernel ``_sym_abs.c`` diagonalises 16 float32 or 8 float64 matrices at once (half as many with
+AVX2) by cyclic Jacobi rotations, one vector operation per step for all of them; ``torch.linalg.eigh`` calls LAPACK once per matrix, which
 at 31 × 31 (n = 30) is mostly call and workspace overhead. At Cheng et al.'s batch (30 000 prompts of n = 30,
 resampled every 10 steps) this draw cost as much per step as the model's training step on a ReLU-label run;
-docs/performance.md has the timings. Elsewhere (float64 unless asked for, a GPU, no C compiler,
-``ICLAB_NATIVE=0``, matrices over 64 × 64, a batch where the sweeps do not converge) torch's eigh runs.
+docs/performance.md has the timings. Elsewhere (a GPU, no C compiler, ``ICLAB_NATIVE=0``, matrices over
+64 × 64, a batch where the sweeps do not converge) torch's eigh runs. :func:`cholesky_sample` is the same for a
+positive definite K (y = L g).
 """
 
 from __future__ import annotations
@@ -57,16 +58,14 @@ def native() -> ctypes.CDLL | None:
 def abs_sample(K: Tensor, g: Tensor, *, with_abs: bool = True, engine: Engine = "auto") -> tuple[Tensor, Tensor | None]:
     """y = |K|^{1/2} g (B, N) and, with ``with_abs``, |K| (B, N, N), for symmetric ``K`` (B, N, N) and ``g`` (B, N).
 
-    K must be symmetric (neither path symmetrises it); float32 or float64, any device. ``engine``: "auto" runs the C
-    kernel for float32 on a CPU (in float64 it is no faster than LAPACK here: 73 vs 71 µs a 31 × 31 matrix with
-    AVX-512) and torch's eigh otherwise; "native" the C kernel wherever it can run (tests, float64 timings);
-    "torch" torch's eigh."""
+    K must be symmetric (neither path symmetrises it); float32 or float64, any device. ``engine``: "auto" and
+    "native" run the C kernel on a CPU (3-5x torch's eigh in float32, 1.2-3x in float64, at n = 30 / 14), "torch"
+    torch's eigh."""
     if K.ndim != 3 or K.shape[-1] != K.shape[-2] or g.shape != K.shape[:-1]:
         raise ValueError(f"abs_sample: K must be (B, N, N) and g (B, N); got {tuple(K.shape)} and {tuple(g.shape)}")
     if engine not in ENGINES:
         raise ValueError(f"abs_sample: engine must be one of {ENGINES}; got {engine!r}")
-    wanted = engine == "native" or (engine == "auto" and K.dtype == torch.float32)
-    lib = _library(K) if wanted else None
+    lib = _library(K) if engine != "torch" else None
     if lib is not None:
         out = _native(lib, K.contiguous(), g.to(K.dtype).contiguous(), with_abs)
         if out is not None:
