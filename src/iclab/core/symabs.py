@@ -21,6 +21,7 @@ positive definite K (y = L g).
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -61,41 +62,53 @@ def abs_sample(K: Tensor, g: Tensor, *, with_abs: bool = True, engine: Engine = 
     K must be symmetric (neither path symmetrises it); float32 or float64, any device. ``engine``: "auto" and
     "native" run the C kernel on a CPU (3-5x torch's eigh in float32, 1.2-3x in float64, at n = 30 / 14), "torch"
     torch's eigh."""
-    if K.ndim != 3 or K.shape[-1] != K.shape[-2] or g.shape != K.shape[:-1]:
-        raise ValueError(f"abs_sample: K must be (B, N, N) and g (B, N); got {tuple(K.shape)} and {tuple(g.shape)}")
-    if engine not in ENGINES:
-        raise ValueError(f"abs_sample: engine must be one of {ENGINES}; got {engine!r}")
-    lib = _library(K) if engine != "torch" else None
+    lib, K, g = _prepare("abs_sample", K, g, engine)
     if lib is not None:
-        out = _native(lib, K.contiguous(), g.to(K.dtype).contiguous(), with_abs)
-        if out is not None:
-            return out
-    return _torch(K, g.to(K.dtype), with_abs)
+        fn = lib.sa_sample_f32 if K.dtype == torch.float32 else lib.sa_sample_f64
+        y = torch.empty_like(g)
+        kp = torch.empty_like(K) if with_abs else None
+        if _on_parts(g.shape[0], lambda i, b: fn(b, g.shape[1], K[i:].data_ptr(), g[i:].data_ptr(), y[i:].data_ptr(),
+                                                   kp[i:].data_ptr() if kp is not None else None)):  # fmt: skip
+            return y, kp
+    return _torch(K, g, with_abs)
 
 
-def _library(K: Tensor) -> ctypes.CDLL | None:
-    if not NATIVE or K.device.type != "cpu" or K.dtype not in (torch.float32, torch.float64) or K.shape[0] == 0:
-        return None
-    lib = native()
-    return lib if lib is not None and K.shape[-1] <= lib.sa_nmax() else None
+def cholesky_sample(K: Tensor, g: Tensor, *, engine: Engine = "auto") -> tuple[Tensor, Tensor]:
+    """y = L g (B, N) with L Lᵀ = K (Cholesky), and ``bad`` (B,) bool: the prompts whose K is not numerically positive
+    definite (their y is not a draw: redraw them by :func:`abs_sample`). ``engine``: "auto" and "native" run the C
+    kernel on a CPU (L matrices side by side, no LAPACK call per matrix: 6-7x), "torch" ``torch.linalg.cholesky_ex``."""
+    lib, K, g = _prepare("cholesky_sample", K, g, engine)
+    if lib is not None:
+        fn = lib.sa_cholesky_f32 if K.dtype == torch.float32 else lib.sa_cholesky_f64
+        y = torch.empty_like(g)
+        bad = torch.empty(g.shape[0], dtype=torch.int32)
+        if _on_parts(g.shape[0], lambda i, b: fn(b, g.shape[1], K[i:].data_ptr(), g[i:].data_ptr(), y[i:].data_ptr(),
+                                                   bad[i:].data_ptr())):  # fmt: skip
+            return y, bad.bool()
+    chol, info = torch.linalg.cholesky_ex(K)
+    return (chol @ g.unsqueeze(-1)).squeeze(-1), info != 0
 
 
-def _native(lib: ctypes.CDLL, K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None] | None:
-    B, N = g.shape
-    fn = lib.sa_sample_f32 if K.dtype == torch.float32 else lib.sa_sample_f64
-    y = torch.empty_like(g)
-    kp = torch.empty_like(K) if with_abs else None
+def _prepare(owner: str, K: Tensor, g: Tensor, engine: str) -> tuple[ctypes.CDLL | None, Tensor, Tensor]:
+    """Check the shapes and the engine; the library where the C kernel runs (else None), K and g (in K's dtype) as
+    it reads them."""
+    if K.ndim != 3 or K.shape[-1] != K.shape[-2] or g.shape != K.shape[:-1]:
+        raise ValueError(f"{owner}: K must be (B, N, N) and g (B, N); got {tuple(K.shape)} and {tuple(g.shape)}")
+    if engine not in ENGINES:
+        raise ValueError(f"{owner}: engine must be one of {ENGINES}; got {engine!r}")
+    g = g.to(K.dtype)
+    ok = NATIVE and engine != "torch" and K.device.type == "cpu" and K.dtype in (torch.float32, torch.float64)
+    lib = native() if ok and K.shape[0] > 0 else None
+    if lib is None or K.shape[-1] > lib.sa_nmax():
+        return None, K, g
+    return lib, K.contiguous(), g.contiguous()
+
+
+def _on_parts(B: int, call: Callable[[int, int], int]) -> bool:
+    """``call(start, count)`` for each part of the batch, on torch's threads; True if every part returned 0 (a part
+    whose Jacobi sweeps did not converge returns its count of such groups, and the caller runs torch instead)."""
     part = split_evenly(B, PART)
-
-    def run(i: int) -> int:
-        b = min(part, B - i)
-        kp_ptr = kp[i:].data_ptr() if kp is not None else None
-        return int(fn(b, N, K[i:].data_ptr(), g[i:].data_ptr(), y[i:].data_ptr(), kp_ptr))
-
-    failed = map_on_threads(run, range(0, B, part))
-    if any(f != 0 for f in failed):
-        return None
-    return y, kp
+    return all(int(r) == 0 for r in map_on_threads(lambda i: call(i, min(part, B - i)), range(0, B, part)))
 
 
 def _torch(K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None]:
@@ -111,34 +124,3 @@ def _torch(K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None]
     if not with_abs:
         return y, None
     return y, torch.cat([p[1] for p in parts])  # type: ignore[misc]
-
-
-def cholesky_sample(K: Tensor, g: Tensor, *, engine: Engine = "auto") -> tuple[Tensor, Tensor]:
-    """y = L g (B, N) with L Lᵀ = K (Cholesky), and ``bad`` (B,) bool: the prompts whose K is not numerically positive
-    definite (their y is not a draw: redraw them by :func:`abs_sample`). ``engine``: "auto" and "native" run the C
-    kernel on a CPU (L matrices side by side, no LAPACK call per matrix), "torch" ``torch.linalg.cholesky_ex``."""
-    if K.ndim != 3 or K.shape[-1] != K.shape[-2] or g.shape != K.shape[:-1]:
-        raise ValueError(
-            f"cholesky_sample: K must be (B, N, N) and g (B, N); got {tuple(K.shape)} and {tuple(g.shape)}"
-        )
-    if engine not in ENGINES:
-        raise ValueError(f"cholesky_sample: engine must be one of {ENGINES}; got {engine!r}")
-    lib = _library(K) if engine != "torch" else None
-    g = g.to(K.dtype)
-    if lib is not None:
-        K, g = K.contiguous(), g.contiguous()
-        B, N = g.shape
-        fn = lib.sa_cholesky_f32 if K.dtype == torch.float32 else lib.sa_cholesky_f64
-        y = torch.empty_like(g)
-        bad = torch.empty(B, dtype=torch.int32)
-        part = split_evenly(B, PART)
-
-        def run(i: int) -> int:
-            return int(
-                fn(min(part, B - i), N, K[i:].data_ptr(), g[i:].data_ptr(), y[i:].data_ptr(), bad[i:].data_ptr())
-            )
-
-        if all(r == 0 for r in map_on_threads(run, range(0, B, part))):
-            return y, bad.bool()
-    chol, info = torch.linalg.cholesky_ex(K)
-    return (chol @ g.unsqueeze(-1)).squeeze(-1), info != 0
