@@ -5,11 +5,12 @@
 The authors' workload (chengxiang/transformer-functional-gradient, ``run_exp``): a 3-layer model with one head,
 V = [[A, 0], [0, r]] (A free), B, C blocks, d = 5, n = 14, batch 30 000, every head's output / n, float32;
 forward + backward + per-matrix clipping + Adam, data resampled every 10 steps (exp-kernel GP labels, the code's
-σ = √2; relu-kernel labels need a batched eigh). Both sides are charged the sampling amortised over 10 steps.
+σ = √2; ``--kernel relu``: relu-kernel labels, which need every prompt's eigendecomposition: the authors' batched
+eigh, iclab's Jacobi C kernel, ``iclab.core.symabs``). Both sides are charged the sampling amortised over 10 steps.
 iclab's step is :class:`iclab.models.KernelTransformer` (the fused batch-last pass, ``iclab.models._kernel_fast``).
 With the authors' code set up (``../shared/peer-bench/README.md``) the two are timed alternately in one run
 (``benchmarks/peers.py``) and the ratio is printed; otherwise that column is skipped with the reason.
-Writes benchmarks/results/bench-kernel-attention-<device>.json.
+Writes benchmarks/results/bench-kernel-attention-<device>.json (``-relu`` before ``.json`` for relu-kernel data).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=30_000)
     parser.add_argument("--repeats", type=int, default=5, help="steps per iclab measurement (median)")
     parser.add_argument("--rounds", type=int, default=2, help="alternations authors/iclab")
+    parser.add_argument("--out", type=Path, help="default: results/bench-kernel-attention-<device>[-relu].json")
     args = parser.parse_args()
     tune_cpu_allocator()
     dev = resolve_device(args.device)
@@ -102,7 +104,8 @@ def main() -> None:
             print(f"h̃ {act:8s} V {value:6s} iclab {row['iclab_median_ms']:8.1f} ms", end="")
             print(f"   authors {row['authors_median_ms']:8.1f} ms   ratio {ratio:5.1f}x" if ratio else "")
     report["loadavg_end"] = loadavg()
-    out = Path(__file__).parent / "results" / f"bench-kernel-attention-{dev.type}.json"
+    tag = "" if args.kernel == "exp" else f"-{args.kernel}"
+    out = args.out or Path(__file__).parent / "results" / f"bench-kernel-attention-{dev.type}{tag}.json"
     atomic_write_json(out, report)
     print(json.dumps(report, indent=2))
 
