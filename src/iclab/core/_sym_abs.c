@@ -18,7 +18,6 @@
 #ifndef SYM_ABS_REAL
 #include <float.h>
 #include <stdlib.h>
-#include <string.h>
 #include <immintrin.h>
 
 #define MAX_SWEEPS 40
@@ -88,7 +87,8 @@ typedef ireal ivec __attribute__((vector_size(VBYTES))); /* its lane masks (-1 t
 
 /* One group: A (N, N) symmetric in its upper triangle (element (i, j) is A[min][max]), overwritten by its diagonal
    form; VT (N, N) = I on entry, V^T on exit; one vec per element. Returns 1 if every lane converged. (Tried: the
-   round-robin order of Brent & Luk, a round's angles computed together: 1.4x slower here.) */
+   round-robin order of Brent & Luk, a round's angles computed together: 1.3x slower, 23 vs 17.5 us a 31 x 31
+   float32 matrix with AVX-512.) */
 static int NAME(jacobi)(vec *restrict A, vec *restrict VT, int N) {
     vec thr = ZEROV;
     for (int i = 0; i < N; i++)
