@@ -120,7 +120,8 @@ def test_token_level_full_batch_runs_are_probed_by_the_trainers_step_timer(train
     est = estimate_experiment("zhang2025.fig5", "smoke", probe_steps=4)
     assert est.runs and all(r.regime == "full_batch" for r in est.runs)
     assert trained_steps == [4] * len(est.runs)
-    assert all(r.step_seconds > 0 and r.step_seconds * r.probed_steps <= r.seconds for r in est.runs)
+    # the median of 4 steps times 4 can pass the 4 steps' sum on a busy machine: 1.5x of slack
+    assert all(r.step_seconds > 0 and r.step_seconds * r.probed_steps <= 1.5 * r.seconds for r in est.runs)
 
 
 def test_trainer_step_timer_counts_every_step_and_evaluation() -> None:

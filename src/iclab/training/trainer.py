@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -349,9 +350,8 @@ def train(
         writer.close()
     timing = None
     if step_times and device.type == "cpu":  # a GPU step's host time is its launch time, not its cost
-        step_times.sort()
         timing = StepTiming(
-            step_times[len(step_times) // 2],
+            statistics.median(step_times),
             len(step_times),
             sum(eval_times) / len(eval_times) if eval_times else 0.0,
             len(eval_times),
