@@ -87,6 +87,15 @@ def test_local_pool_gives_identical_results(serial, pool, tmp_path: Path, monkey
     ), "each run checkpointed in its own sub-directory, as in this process"
 
 
+def test_local_pool_runs_a_parametrised_model(pool, tmp_path: Path) -> None:
+    """sun2025.fig2 trains a ``sparse_strict`` bilinear model (a row-mask parametrisation, which torch does not pickle):
+    its workers send it back rebuilt (BilinearTransformer.__reduce__), with the serial run's claims. Session 14: its
+    reduced paper run with ``--workers 2`` failed here."""
+    pooled = run_experiment("sun2025.fig2", "smoke", out=tmp_path / "pool", backend=pool)
+    serial = run_experiment("sun2025.fig2", "smoke", out=tmp_path / "serial")
+    assert _claims(pooled) == _claims(serial)
+
+
 def test_ray_gives_identical_results(serial, ray_session, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     sizes = _count_fan_outs(monkeypatch)
     on_ray = run_experiment(EXP, "smoke", out=tmp_path, overrides=OVERRIDES, backend=RayBackend())

@@ -87,6 +87,15 @@ class _MaskRows(nn.Module):
         return p * self.mask
 
 
+def _rebuild(config: BilinearTransformerConfig, state: dict[str, Tensor], training: bool) -> BilinearTransformer:
+    """Unpickle a :class:`BilinearTransformer` (its ``__reduce__``)."""
+    model = BilinearTransformer(config)
+    ref = next(iter(state.values()))
+    model.to(device=ref.device, dtype=ref.dtype if ref.is_floating_point() else None)
+    model.load_state_dict(state)
+    return model.train(training)
+
+
 class BilinearFFN(nn.Module):
     """u ← u + (W_0 u) ⊙ (W_1 u) on the first d̄ entries of every token; eq. (3), or eq. (11) with ``sparse``.
 
@@ -252,6 +261,12 @@ class BilinearTransformer(nn.Module):
                     ffn.W1_free.zero_()
                 for layer in self.attn:
                     self._P_store(layer).zero_()
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        """Pickle as (config, state): torch refuses to pickle a module with a parametrisation (``sparse_strict``'s
+        row mask), which a worker process (``--workers``, Ray) must send back; rebuilt, it has the same
+        parametrisation, dtype, device and train/eval mode."""
+        return _rebuild, (self.config, self.state_dict(), self.training)
 
     def _P_store(self, layer: LinearAttention) -> Tensor:
         """The tensor that holds P′ (the parametrisation's original for ``sparse_strict``)."""
