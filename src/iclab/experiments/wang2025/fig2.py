@@ -20,8 +20,8 @@ Claims (spec §5):
 - gd_beats_tf_at_smallest_L: acc_GD − acc_TF >= 0 at the smallest L.
 
 Time (2-core CPU): quick ≈ 11 s quiet (26 s wall under load ≈ 4; one seed, L ∈ {512, 4096}, 150 updates of 128,
-lr 0.03); paper: not run here, projected ≈ 9 days on this CPU (5 seeds × 2 models × 620 000 updates over the
-five L at 64 ms (GD) / 188 ms (TF) a step of 512): a GPU job.
+lr 0.03); paper: 29 core-hours projected (session 11; 5 seeds × 2 models × 620 000 updates over the five L), the
+longest run 2.4 h: Ray or a GPU. A reduced run (1 seed, 2000 updates a run) passes 8/8 in 3 min (session 14).
 
 What did not match: nothing at quick (7/7, docs/papers/wang2025.md "Quick presets"); the paper's figure values
 are stripped from the seed text, so only the qualitative statements are compared. The quick preset uses one
