@@ -15,8 +15,9 @@ Claims (spec 003 §5.1, claim 17):
 - strict_sparse_above_quadratic_floor_2: ``sparse_strict`` (the attention's P rows of (1, x) also held at 0, spec §2.3)
   has a prediction quadratic in x_q, so its loss + 3σ stays >= 2.
 
-Time on the 2-core CPU: quick 186 s (2-block models, n = 50, 3000 steps). paper: not run here (5 seeds × 20 000 steps
-× 4000 prompts of 10-layer models; hours on a GPU).
+Time on the 2-core CPU: quick 186 s (2-block models, n = 50, 3000 steps). paper: 15.7 core-hours projected (5 seeds ×
+20 000 steps × 4000 prompts of 10-layer models): Ray or a GPU; a reduced run (1 seed, 2000 steps of 1000) passes 5/5
+in 3 min with ``--workers 2`` (session 14).
 
 Did not match: the paper's sparse layer (eq. 11) is not limited to degree 2: the attention writes into the (1, x) rows
 and the next sparse FFN forms degree-4 features (errata #7); ``sparse_strict`` is the variant the paper's argument
