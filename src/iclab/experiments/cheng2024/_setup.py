@@ -85,7 +85,7 @@ class GPSetup:
     divide_by_n: bool = True
     init_std: float = 0.1
     exp_lr: float | None = 0.01  # lr of models with an exp head (unbounded scores: smaller steps); None: train.lr
-    exp_logit_cap: float | None = 30.0  # exp heads compute exp(min(s, 30)): float32 overflow guard (docs)
+    exp_logit_cap: float | None = 20.0  # exp heads compute exp(min(s, 20)): float32 overflow guard (errata 000 #7)
     test_batch: int = 30_000  # float64 test set per (seed, K, n): model and Bayes losses
     train: TrainConfig = field(default_factory=paper_train)
 
