@@ -14,8 +14,9 @@ Claims (spec §5):
 - gd_two_block_accuracy_matches_paper: acc(2) = 0.718 ± 0.03 (§4.1; quick ± 0.05).
 
 Time (2-core CPU): quick ≈ 7 s quiet (28 s wall under load ≈ 4; one seed, blocks 1, 2, 4, 100 updates of 64);
-paper: not run here, projected ≈ 10 days on this CPU (5 seeds × 20 000 updates for each of 1-6 blocks, a step of
-512 costing 0.06 s with 1 block and ≈ 0.6 s more per block): a GPU job.
+paper: 20 core-hours projected (session 11, every run probed; 5 seeds × 20 000 updates for each of 1-6 blocks), the
+longest run 70 min: Ray or a GPU. A reduced run (1 seed, 500 updates) gives 2/4 in 5 min (session 14): 4-6 blocks
+already at the paper's 0.73, 2-3 blocks (lr 5e-4) not yet trained.
 
 What did not match: nothing at quick (4/4; docs/papers/wang2025.md). Quick trains blocks (1, 2, 4), not 1-6, and
 its one-seed accuracies sit ≈ 0.03 above the paper's (0.738 / 0.752 / 0.768 vs 0.702 / 0.718 / 0.731).
