@@ -22,6 +22,7 @@ import argparse
 import json
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,8 +159,6 @@ def record(run_dir: Path, where: str, note: str | None) -> str:
 
 def estimate(name: str, probe: str, probe_steps: int) -> str:
     """Probe ``name`` at paper (every run, ``probe_steps`` steps) and write its projection into the JSON."""
-    import time
-
     from iclab.experiments.estimate import estimate_experiment
 
     t0 = time.perf_counter()

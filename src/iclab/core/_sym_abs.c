@@ -125,6 +125,17 @@ static int NAME(jacobi)(vec *restrict A, vec *restrict VT, int N) {
     return 0;
 }
 
+/* g's rows b0 … b0 + m − 1 into the lanes of G (N vecs; lanes past m are 0), and back: Y's lanes into y's rows */
+static void NAME(gather)(vec *G, const real *g, int b0, int m, int N) {
+    for (int i = 0; i < N; i++)
+        for (int l = 0; l < L; l++) G[i][l] = l < m ? g[(size_t)(b0 + l) * N + i] : 0;
+}
+
+static void NAME(scatter)(real *y, const vec *Y, int b0, int m, int N) {
+    for (int l = 0; l < m; l++)
+        for (int i = 0; i < N; i++) y[(size_t)(b0 + l) * N + i] = Y[i][l];
+}
+
 /* k (B, N, N), g (B, N) -> y (B, N) and, unless kp is NULL, kp (B, N, N); all contiguous. */
 int NAME(sa_sample)(int B, int N, const real *k, const real *g, real *y, real *kp) {
     if (N < 1 || N > NMAX) return -1;
@@ -136,8 +147,7 @@ int NAME(sa_sample)(int B, int N, const real *k, const real *g, real *y, real *k
         int m = B - b0 < L ? B - b0 : L;
         for (int i = 0; i < N * N; i++)
             for (int l = 0; l < L; l++) A[i][l] = l < m ? k[(size_t)(b0 + l) * N * N + i] : (i % (N + 1) == 0);
-        for (int i = 0; i < N; i++)
-            for (int l = 0; l < L; l++) G[i][l] = l < m ? g[(size_t)(b0 + l) * N + i] : 0;
+        NAME(gather)(G, g, b0, m, N);
         for (int i = 0; i < N * N; i++) VT[i] = i % (N + 1) == 0 ? ZEROV + 1 : ZEROV;
         if (!NAME(jacobi)(A, VT, N)) {
             failed++;
@@ -152,8 +162,7 @@ int NAME(sa_sample)(int B, int N, const real *k, const real *g, real *y, real *k
             proj *= VSQRT(d);
             for (int i = 0; i < N; i++) Y[i] += v[i] * proj;
         }
-        for (int l = 0; l < m; l++)
-            for (int i = 0; i < N; i++) y[(size_t)(b0 + l) * N + i] = Y[i][l];
+        NAME(scatter)(y, Y, b0, m, N);
         if (kp == NULL) continue;
         for (int i = 0; i < N; i++) {
             for (int j = i; j < N; j++) {
@@ -183,8 +192,7 @@ int NAME(sa_cholesky)(int B, int N, const real *k, const real *g, real *y, int *
         for (int i = 0; i < N; i++)
             for (int j = 0; j <= i; j++)
                 for (int l = 0; l < L; l++) A[i * N + j][l] = l < m ? k[(size_t)(b0 + l) * N * N + i * N + j] : (i == j);
-        for (int i = 0; i < N; i++)
-            for (int l = 0; l < L; l++) G[i][l] = l < m ? g[(size_t)(b0 + l) * N + i] : 0;
+        NAME(gather)(G, g, b0, m, N);
         ivec fail = {0};
         for (int i = 0; i < N; i++) {
             vec *ri = A + i * N;
@@ -205,10 +213,8 @@ int NAME(sa_cholesky)(int B, int N, const real *k, const real *g, real *y, int *
             for (int j = 0; j <= i; j++) acc += A[i * N + j] * G[j];
             Y[i] = acc;
         }
-        for (int l = 0; l < m; l++) {
-            bad[b0 + l] = fail[l] != 0;
-            for (int i = 0; i < N; i++) y[(size_t)(b0 + l) * N + i] = Y[i][l];
-        }
+        NAME(scatter)(y, Y, b0, m, N);
+        for (int l = 0; l < m; l++) bad[b0 + l] = fail[l] != 0;
     }
     free(A);
     return 0;

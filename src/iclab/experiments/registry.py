@@ -195,8 +195,8 @@ class RunContext:
         """Train ``run`` for ``probe_steps`` and split its time into a fixed cost and a cost per step.
 
         The step cost is the trainer's own in-loop timer where it has one (:class:`~iclab.training.StepTiming`:
-        the median step plus the evaluation and the drawing of new batches amortised, robust to a busy machine; sampled runs and a token-level
-        module's full-batch runs); otherwise (the reduced models' full-batch GD, the population flow) the run is
+        the median step plus the evaluation and the drawing of new batches amortised, robust to a busy machine;
+        sampled runs and a token-level module's full-batch runs); otherwise (the reduced models' full-batch GD, the population flow) the run is
         trained again for half as many steps, each in its own directory, and the difference of the two times is the
         cost of a step. Past ``probe_runs`` runs so probed, a run trains one step
         only and its step cost is the mean of the probed runs' (hundreds of runs are probed in minutes)."""
@@ -225,10 +225,7 @@ class RunContext:
             fixed = max(times[0] - step, 0.0)
         elif timing is not None and timing.steps == full:
             step = timing.per_step()
-            periodic = timing.evals * timing.eval_seconds + (
-                timing.draws * timing.draw_seconds if timing.draw_every else 0
-            )
-            fixed = max(times[0] - timing.steps * timing.step_seconds - periodic, 0.0)
+            fixed = max(times[0] - timing.accounted_seconds(), 0.0)
         elif full == 1:  # a one-step run: no fixed cost to split off
             step, fixed = times[0], 0.0
         else:

@@ -250,7 +250,6 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
     }
 }
 
-
 static Spec NAME(spec)(int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
                        real scale, int has_cap, real cap) {
     Spec s = {L, H, d, n, n + 1, d + 1, has_cap, acts, K, A, r, scale, cap};

@@ -19,7 +19,8 @@ only the query (nothing else is read out), so its score block is (1, n, b).
 
 Where a C compiler and AVX2 are there, the same pass runs as C (:class:`_NativeStack`, ``_kernel_attn.c``, float32
 and float64): 8 (4) prompts in the lanes of a vector, 16 (8) with AVX-512 (:data:`WIDE`), each target row's scores,
-weights and adjoints in registers, built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or :data:`NATIVE` = False: the torch code).
+weights and adjoints in registers, built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or
+:data:`NATIVE` = False: the torch code).
 
 Exactness: ``tests/test_kernel_fast.py`` checks values and every parameter gradient against the
 token-level evaluation (:meth:`KernelTransformer.forward_tokens`) in float64 to 1e-10, for each h̃ and

@@ -77,6 +77,12 @@ class StepTiming:
             + (self.draw_seconds / self.draw_every if self.draw_every else 0.0)
         )
 
+    def accounted_seconds(self) -> float:
+        """The part of the run's wall time that :meth:`per_step` stands for: the timed steps, the evaluations and the
+        periodic draws (a set drawn once is the run's fixed cost, as its first evaluation is not)."""
+        draws = self.draws * self.draw_seconds if self.draw_every else 0.0
+        return self.steps * self.step_seconds + self.evals * self.eval_seconds + draws
+
 
 @dataclass
 class TrainResult:
