@@ -79,6 +79,12 @@ def test_check_helper() -> None:
     assert not check("x", 1.0, expected=1.5, rtol=0.1).passed
     assert check("x", 0.5, lo=0.0, hi=1.0).passed and not check("x", 2.0, hi=1.0).passed
     assert not check("x", float("nan"), hi=1.0).passed
+    # an infinite measurement fails unless the claim takes it (an overflowed mean), and then the bounds judge it
+    inf = float("inf")
+    assert not check("x", inf, lo=1.0).passed and check("x", inf, lo=1.0, allow_inf=True).passed
+    assert not check("x", inf, hi=1.0, allow_inf=True).passed and not check("x", -inf, lo=1.0, allow_inf=True).passed
+    assert not check("x", inf, expected=1.0, rtol=0.1, allow_inf=True).passed
+    assert not check("x", float("nan"), lo=1.0, allow_inf=True).passed
 
 
 def test_fig3_projection_onto_S_is_exact_on_S_and_lowers_an_off_S_loss() -> None:

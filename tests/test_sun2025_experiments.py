@@ -10,10 +10,11 @@ import torch
 
 import iclab
 from iclab import models, tasks
+from iclab.core.seeding import generator
 from iclab.experiments import get, run_experiment
 from iclab.experiments.registry import RunContext
 from iclab.experiments.runner import resolve_config
-from iclab.experiments.sun2025._setup import BilinearSetup, ModelRow, bilinear_run, paper_train
+from iclab.experiments.sun2025._setup import BilinearSetup, ModelRow, bilinear_run, loss_vs_length, paper_train
 from iclab.experiments.sun2025.constructions import ConstructionsConfig
 from iclab.experiments.sun2025.fig1 import Fig1Config, Fig1Results, Fig1Tolerances
 from iclab.experiments.sun2025.fig1 import claims as claims_fig1
@@ -28,7 +29,9 @@ from iclab.experiments.sun2025.order_ablation import OrderAblationConfig, OrderA
 from iclab.experiments.sun2025.order_ablation import claims as claims_order_ablation
 from iclab.experiments.sun2025.theorem5 import Theorem5Config, Theorem5Results, Theorem5Row
 from iclab.experiments.sun2025.theorem5 import claims as claims_theorem5
+from iclab.models.bilinear import BilinearTransformer, BilinearTransformerConfig
 from iclab.theory import polynomial_features as pf
+from iclab.theory.preconditioned_gd import mc_loss
 
 
 def _claims(res) -> dict[str, object]:
@@ -294,7 +297,9 @@ FIG4_CFG = Fig4Config(seeds=1, n_trains=(25, 100), test_ns=(10, 25, 100))
 
 
 def _fig4_results(losses: dict[int, tuple[float, float, float]]) -> Fig4Results:
-    return Fig4Results(rows=[_model_row(f"n_train={n}", list(v), [0.01] * 3, n_train=n) for n, v in losses.items()])
+    return Fig4Results(
+        rows=[_model_row(f"n_train={n}", list(v), [0.01] * len(v), n_train=n) for n, v in losses.items()]
+    )
 
 
 def test_fig4_claims_check_both_halves_of_the_crossing() -> None:
@@ -312,6 +317,43 @@ def test_fig4_claims_check_both_halves_of_the_crossing() -> None:
     assert _failed(claims_fig4(_fig4_results(long_loses), FIG4_CFG)) == {"longer_training_prompts_win_on_long_tests"}
     one = Fig4Config(seeds=1, n_trains=(100,), test_ns=(10, 25, 100))  # no second n_train: no crossing checks
     assert [c.name for c in claims_fig4(_fig4_results({100: good[100]}), one)] == ["short_tests_degrade_for_long_training_prompts"]  # fmt: skip
+
+
+def test_an_exploding_bilinear_model_has_an_infinite_length_loss_not_nan() -> None:
+    """The bilinear transformer is a polynomial: a nan error is an overflow (inf − inf in the stack), so the test-length
+    loss reports inf (the paper preset's 6-block models gave nan at n_test = 25 and failed claim 16 on it)."""
+    torch.manual_seed(0)
+    model = BilinearTransformer(BilinearTransformerConfig(d=2, d_bar=7, n_blocks=4))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(30.0)  # four squarings of a 30x input overflow float64
+    task = tasks.PolynomialRegression(d=2, monomials="quadratic")
+    assert math.isnan(mc_loss(model.double(), task, 5, 64, generator=generator(0))[0])
+    assert loss_vs_length(model, task, (5,), 64, seed=0) == [(math.inf, math.inf)]
+    model.load_state_dict({k: v / 30.0 for k, v in model.state_dict().items()})  # a sane model: finite loss
+    assert all(math.isfinite(m) for m, _ in loss_vs_length(model, task, (5, 20), 64, seed=0))
+    assert next(model.parameters()).dtype == torch.float32  # handed back in float32, as the trainer holds it
+
+
+def test_fig4_claims_take_an_overflowed_short_prompt_loss_as_the_larger() -> None:
+    """The paper preset's 4-block models explode on prompts far below their training length (session 15: mean loss
+    inf in float64 at n_test = 25 for every n_train): inf counts as above any finite loss, both-inf moves the crossing
+    to the next test length shorter than both training lengths, and an inf on the wrong side fails."""
+    inf = math.inf
+    cfg = Fig4Config(seeds=1, n_trains=(25, 100), test_ns=(5, 10, 25, 100))  # losses at n_test = 5, 10, 25, 100
+    both_then_long = {25: (inf, 50.0, 8.0, 7.62), 100: (inf, inf, 20.0, 6.0)}
+    claims = {c.name: c for c in claims_fig4(_fig4_results(both_then_long), cfg)}
+    assert all(c.passed for c in claims.values()), claims
+    assert claims["short_tests_degrade_for_long_training_prompts"].measured == inf
+    assert "n_test = 10" in claims["longer_training_prompts_lose_on_short_tests"].detail
+    wrong_side = {25: (inf, inf, 8.0, 7.62), 100: (inf, 1e3, 20.0, 6.0)}  # the short-trained model explodes first
+    assert _failed(claims_fig4(_fig4_results(wrong_side), cfg)) == {"longer_training_prompts_lose_on_short_tests"}
+    all_inf = {25: (inf, inf, 8.0, 7.62), 100: (inf, inf, 20.0, 6.0)}  # no comparable length below both: undecided
+    failed = {c.name: c for c in claims_fig4(_fig4_results(all_inf), cfg) if not c.passed}
+    assert set(failed) == {"longer_training_prompts_lose_on_short_tests"}
+    assert "overflowed (inf) at every n_test in [5, 10]" in failed["longer_training_prompts_lose_on_short_tests"].detail
+    nan_short = {25: (50.0, 8.0, 8.0, 7.62), 100: (math.nan, 1e5, 20.0, 6.0)}  # nan is never a measurement
+    assert "short_tests_degrade_for_long_training_prompts" in _failed(claims_fig4(_fig4_results(nan_short), cfg))
 
 
 def _theorem5_results(scale: float, off: float) -> tuple[Theorem5Results, Theorem5Config]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -84,8 +85,13 @@ def check(
     lo: float | None = None,
     hi: float | None = None,
     detail: str = "",
+    allow_inf: bool = False,
 ) -> ClaimResult:
-    """A numeric claim: ``measured`` within rtol/atol of ``expected``, and/or in [lo, hi]."""
+    """A numeric claim: ``measured`` within rtol/atol of ``expected``, and/or in [lo, hi].
+
+    A measurement that is not finite fails, unless ``allow_inf``: then ±inf is a measurement judged by the bounds
+    (a loss whose mean overflowed float64 has exploded, and ``inf >= lo`` holds); nan fails always.
+    """
     ok, parts = True, []
     m = float(measured)
     if expected is not None:
@@ -98,7 +104,7 @@ def check(
     if hi is not None:
         ok &= m <= hi
         parts.append(f"<= {hi:.4g}")
-    ok &= bool(torch.isfinite(torch.tensor(m)))
+    ok &= not math.isnan(m) and (allow_inf or math.isfinite(m))
     return ClaimResult(name, bool(ok), round(m, 6), ", ".join(parts), detail)
 
 

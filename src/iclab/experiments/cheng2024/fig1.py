@@ -16,8 +16,9 @@ Claims:
 - bayes_risk_matches_reference: the test sets' mean posterior variance within tol.bayes_rtol of spec 000 §6.0
 
 Time on the 2-core CPU: quick (1 seed, n ∈ {6, 14}, 200 steps of 1000 prompts; 24 models) 70-120 s;
-paper (3 seeds, n = 2..14, 3000 steps of 30 000 prompts; 252 models) not run here: projected ≈ 1-2 h a model
-at ≈ 1-2.5 s a step, i.e. weeks of CPU; meant for a GPU.
+paper (3 seeds, n = 2..14, 3000 steps of 30 000 prompts; 252 models): 11.4 core-hours probed (session 14), the
+longest model 7 min, so ≈ 4 h with ``--workers 2`` or ≈ 1 h on 8 Ray workers. A reduced run (1 seed, n ∈ {6, 14},
+1000 steps) gives 4/5 in 7 min (session 14; docs/papers/cheng2024.md).
 
 What did not match (docs/papers/cheng2024.md): quick losses are not converged (relu on K^relu 0.39 at n = 14
 vs the A ≡ 0-family optimum 0.32), so quick judges the orderings at ≥ 0.5 of the grid; exp heads train at

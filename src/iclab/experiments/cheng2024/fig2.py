@@ -15,8 +15,8 @@ Claims:
 - no_model_beats_bayes: min over models of the paired (loss − Bayes)/s.e. >= tol.bayes_z_min (−3)
 
 Time on the 2-core CPU: quick (K^relu, n = 14, L ∈ {1, 3, 5}, 1 seed, 250 steps of 1000 prompts; 9 models)
-31-63 s; paper (the whole grid, 3 seeds, 3000 steps of 30 000 prompts; 288 models) not run here: projected
-≈ 1-2 h a model (more for deep ones) at ≈ 1-2.5 s a step, i.e. weeks of CPU; meant for a GPU.
+31-63 s; paper (the whole grid, 3 seeds, 3000 steps of 30 000 prompts; 288 models): 17.5 core-hours probed
+(session 14), the longest model 12 min, so ≈ 2 h on 8 Ray workers.
 
 What did not match (docs/papers/cheng2024.md): at quick softmax edges relu at L = 3 and beats it at L = 5,
 which is why softmax is no rival (as the paper says); a single-seed deep relu model can stall near its L = 1

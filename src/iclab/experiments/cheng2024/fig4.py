@@ -15,8 +15,9 @@ Claims:
 - no_model_beats_bayes: min over models of the paired (loss − Bayes)/s.e. >= tol.bayes_z_min (−3)
 
 Time on the 2-core CPU: quick (K◇(c) only, L ∈ {1, 3}, 1 seed, 250 steps of 1000 prompts; 6 models)
-11-36 s; paper (3 datasets, L ∈ {1, 3, 5, 7}, 3 seeds, 3000 steps of 30 000 prompts; 108 models) not run
-here: projected ≈ 1-2 h a model at ≈ 1-2.5 s a step, i.e. days of CPU; meant for a GPU.
+11-36 s; paper (3 datasets, L ∈ {1, 3, 5, 7}, 3 seeds, 3000 steps of 30 000 prompts; 108 models): 11 core-hours
+probed (session 14), the longest model 16 min, so ≈ 1.3 h on 8 Ray workers. A reduced run (1 seed, L ∈ {1, 3},
+500 steps) gives 3/4 in 3 min (session 15; docs/papers/cheng2024.md).
 
 What did not match (docs/papers/cheng2024.md, docs/errata.md): the layer grid and Σ are not stated (we use
 the authors' notebook's L ∈ {1, 3, 5, 7} and H.1's Σ); K◇(c)'s printed formula and its "i.e." G₂ disagree,

@@ -14,7 +14,8 @@ Claims:
 
 Time on the 2-core CPU: quick (K^relu/relu and K^exp/softmax, 1 seed, 300 steps of 1000 prompts; 2 models)
 45-51 s under load ≈ 3-4 (35 s of CPU on 1 thread); paper (9 pairs, 3 seeds, 3000 steps of 30 000 prompts at
-n = 30; 27 models) not run here: projected ≈ 1-2 h a model at ≈ 1-2.5 s a step, i.e. days of CPU. Its
+n = 30; 27 models): 4.7 core-hours probed (session 14), the longest model 16 min, so ≈ 1.6 h with
+``--workers 2`` here. Its
 K^exp/softmax model is also one of Fig. 3's: each card trains its own (training is deterministic, so the numbers
 agree), ≈ 18 s of CPU more than when it reused Fig. 3's model and both test sets in one process.
 

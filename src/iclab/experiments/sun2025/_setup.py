@@ -150,12 +150,18 @@ def bilinear_run(
 
 
 def loss_vs_length(model: BilinearTransformer, task: Any, ns: tuple[int, ...], batch: int, seed: int) -> list[tuple[float, float]]:  # fmt: skip
-    """(mean, standard error) of the float64 test loss at every test length."""
+    """(mean, standard error) of the float64 test loss at every test length.
+
+    The bilinear transformer is a polynomial in the prompt, finite in exact arithmetic, so a nan error can only be an
+    overflow inside the stack (inf − inf): on prompts far shorter than its training ones a deep model explodes, and
+    such a length's loss is reported as inf (overflowed float64), not nan.
+    """
     m = model.double().cpu()
     out = []
     for n in ns:
         g = generator(derive_seed(seed, "test-length", n))
-        out.append(mc_loss(m, task, n, batch, generator=g, chunks=max(1, batch * n // 2_000_000)))
+        mean, se = mc_loss(m, task, n, batch, generator=g, chunks=max(1, batch * n // 2_000_000))
+        out.append((math.inf, math.inf) if math.isnan(mean) else (mean, se))
     model.float()
     return out
 
