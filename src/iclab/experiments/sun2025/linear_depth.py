@@ -16,8 +16,10 @@ Claims (spec 003 §5.1, claim 8):
   ``tol.gap_tol``, L₁*(n) the exact best one-layer (5)-sparse LSA (spec §3.1): the runs are trained, so the floor
   check is not passed by an untrained model.
 
-Time on the 2-core CPU: quick 56 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3). paper: not run here
-(4 depths × 5 seeds × 20 000 steps × 4000 prompts; hours on a GPU).
+Time on the 2-core CPU: quick 56 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3). paper (4 depths × 5
+seeds × 20 000 steps × 4000 prompts): 14.6 core-hours probed (session 12), the longest run 1.3 h, so ≈ 1.3 h on 20 Ray
+workers. A reduced run (1 seed, 2000 steps of 1000) gives 1/2 in 2.7 min (session 15): the floor holds, L = 1 is
+still above L₁*(200) (docs/papers/sun2025.md).
 
 Did not match: deep linear TFs diverge at the quick preset's lr 1e-2 and at ε = 1e-8 (hence lr 3e-3, ε = 1e-3 at
 quick); 700 steps leave L = 1 short of L₁*(50) (gap_tol 1.5 at quick, 0 at paper). See docs/papers/sun2025.md

@@ -18,8 +18,9 @@ Claims (spec §5, fig2's tolerances):
 - tf_nll_decreases_with_L: the TF's NLL rises by <= 0.02 between successive L.
 - gd_beats_tf_at_smallest_L: acc_GD − acc_TF >= 0 at the smallest L.
 
-Time (2-core CPU): quick ≈ 11 s quiet (29 s experiment, 36 s wall at load ≈ 2.5); paper: not run here, projected
-about as fig2 (≈ 9 days on this CPU): a GPU job.
+Time (2-core CPU): quick ≈ 11 s quiet (29 s experiment, 36 s wall at load ≈ 2.5); paper: 75 core-hours projected
+(session 11), the longest run 5.6 h: a GPU job. A reduced run (1 seed, 800 updates a run) gives 8/8 in 5.4 min
+(session 15; docs/papers/wang2025.md).
 
 What did not match: nothing at quick (7/7; docs/papers/wang2025.md "Fig. 2 with RBF attention"). The seed text has
 no RBF numbers, so only the qualitative statements are compared; RBF is ≈ 0.06 below softmax at quick and its GD
