@@ -16,7 +16,8 @@ Claims:
 
 Time on the 2-core CPU: quick (K^relu, n = 14, L ∈ {1, 3, 5}, 1 seed, 250 steps of 1000 prompts; 9 models)
 31-63 s; paper (the whole grid, 3 seeds, 3000 steps of 30 000 prompts; 288 models): 17.5 core-hours probed
-(session 14), the longest model 12 min, so ≈ 2 h on 8 Ray workers.
+(session 14), the longest model 12 min, so ≈ 2 h on 8 Ray workers. A reduced run (1 seed, n = 14, L ∈ {1, 3, 5},
+500 steps) gives 3/3 in 3.6 min (session 15; docs/papers/cheng2024.md).
 
 What did not match (docs/papers/cheng2024.md): at quick softmax edges relu at L = 3 and beats it at L = 5,
 which is why softmax is no rival (as the paper says); a single-seed deep relu model can stall near its L = 1
