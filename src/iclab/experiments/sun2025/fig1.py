@@ -18,9 +18,10 @@ Claims (spec 003 §5.1), one set per d in ``ds``, named here for smoke's d = 2 (
   ``tol.subnet_fraction`` of the models (claim 15).
 - short_prompts_are_worse_d2: every bilinear model is worse at the shortest test length than at n_train (claim 16).
 
-Time on the 2-core CPU: quick 35 s (d = 3, L ∈ {1, 2}, a 3-layer linear TF, 700 steps). paper: not run here;
-projected ≈ 5 h per 6-block model and seed (5 seeds × 20 000 steps × 4000 prompts); a quarter of its budget at d = 4
-(1 seed, ≈ 60 min on one contended core) passes 6/6.
+Time on the 2-core CPU: quick 35 s (d = 3, L ∈ {1, 2}, a 3-layer linear TF, 700 steps). paper (5 seeds × 20 000
+steps × 4000 prompts): 36 core-hours probed (session 12), the longest run 1.4 h, so ≈ 1.8 h on 20 Ray workers; a
+quarter of its budget at d = 4 (1 seed, ≈ 60 min on one contended core) passes 6/6, and 1500 steps of 1000 at both d
+pass 8/12 (7.5 min, sessions 14-15: the rest is budget; docs/papers/sun2025.md).
 
 Did not match: at that quarter budget, claim 19 (d = 3, L = 4) reached 2.3e-3, not <= 1e-3; the loss at test lengths
 below n_train explodes far beyond "rises for shorter prompts"; L = 4 diverges at the quick preset's lr, so quick keeps
