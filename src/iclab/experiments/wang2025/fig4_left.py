@@ -19,8 +19,9 @@ Claims (spec §5):
 - gd_accuracy_matches_paper: GD accuracy at L = 2048 is 0.718 ± 0.03 (§4.1; quick ± 0.05; not at smoke).
 
 Time (2-core CPU): quick ≈ 14 s quiet (36 s wall under load ≈ 4; one seed, L ∈ {512, 2048}, 100 updates of 64);
-paper: not run here, projected months on this CPU (1.2 M updates per model and seed at 0.6 s (GD) / 1.5 s (TF) a
-step of 512): a GPU job.
+paper (80 runs, 11.8 M updates): 304 core-hours projected (session 11), the longest run 9.4 h: a GPU job or a Ray
+cluster. A reduced run (1 seed, 300 updates a run) gives 4/9 in 7.7 min (session 15): at that budget L cannot act
+and neither model is trained (docs/papers/wang2025.md).
 
 What did not match: at quick the TF is not expected to match GD (the paper's own 2-block TF matches only at
 L = 32768), so the matching claims are the paper preset's and quick checks that the gap closes with L (7/7;
