@@ -3,7 +3,7 @@ benchmarks/results/paper_presets.json: what was run at `paper` (claims, wall) an
 
     python scripts/paper_preset_tables.py            # rewrite the marked sections in place
     python scripts/paper_preset_tables.py record RUN_DIR --where "session 13, --workers 2" [--note TEXT]
-    python scripts/paper_preset_tables.py estimate EXPERIMENT --probe "3 steps × every run, 1 thread, session 14"
+    python scripts/paper_preset_tables.py estimate EXPERIMENT --probe "3 steps × every run, 1 thread, session 14" [--set k=v]
 
 ``record`` reads a finished run directory (summary.json, claims.json, config.yaml) into the JSON and rewrites the
 tables: as the preset's ``run`` when its config is the paper preset's, else as one of its ``reduced`` runs, labelled
@@ -157,12 +157,13 @@ def record(run_dir: Path, where: str, note: str | None) -> str:
     return f"{name}: {'reduced' if off else 'run'} {entry['passed']}/{entry['claims']} in {entry['seconds']} s"
 
 
-def estimate(name: str, probe: str, probe_steps: int) -> str:
-    """Probe ``name`` at paper (every run, ``probe_steps`` steps) and write its projection into the JSON."""
+def estimate(name: str, probe: str, probe_steps: int, overrides: list[str] | None = None) -> str:
+    """Probe ``name`` at paper (every run, ``probe_steps`` steps; ``overrides`` such as a smaller test batch, which
+    ``probe`` must then name) and write its projection into the JSON."""
     from iclab.experiments.estimate import estimate_experiment
 
     t0 = time.perf_counter()
-    est = estimate_experiment(name, "paper", probe_steps=probe_steps).to_dict()
+    est = estimate_experiment(name, "paper", probe_steps=probe_steps, overrides=overrides or ()).to_dict()
     est.pop("runs")
     est |= {"probe": probe, "probe_wall": round(time.perf_counter() - t0)}
     data = json.loads(JSON.read_text())
@@ -184,11 +185,12 @@ def main() -> None:
         "--probe", required=True, help='how it was probed, e.g. "3 steps × every run, 1 thread, session 14"'
     )
     est.add_argument("--probe-steps", type=int, default=3)
+    est.add_argument("--set", action="append", default=[], help="a config override for the probe, e.g. test_batch=2000")
     args = parser.parse_args()
     if args.command == "record":
         print(record(args.run_dir, args.where, args.note))
     elif args.command == "estimate":
-        print(estimate(args.experiment, args.probe, args.probe_steps))
+        print(estimate(args.experiment, args.probe, args.probe_steps, args.set))
     write_tables()
 
 

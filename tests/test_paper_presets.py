@@ -139,8 +139,16 @@ def test_estimate_records_the_projection(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(tables, "JSON", store)
     probe = RunProbe("r", "sampled", steps=100, probed_steps=3, seconds=0.5, fixed_seconds=0.2, step_seconds=0.1)
     fake = estimate_module.Estimate("zhang2025.fig3", "paper", 3, 1.0, (probe,))
-    monkeypatch.setattr(estimate_module, "estimate_experiment", lambda name, preset, probe_steps: fake)
+    seen: list[tuple] = []
+
+    def fake_estimate(name, preset, probe_steps, overrides=()):
+        seen.append(tuple(overrides))
+        return fake
+
+    monkeypatch.setattr(estimate_module, "estimate_experiment", fake_estimate)
     tables.estimate("zhang2025.fig3", "3 steps × every run, here", 3)
+    tables.estimate("zhang2025.fig3", "3 steps × every run, here", 3, ["train_size=100"])
+    assert seen == [(), ("train_size=100",)]  # --set reaches the probe
     entry = json.loads(store.read_text())["experiments"]["zhang2025.fig3"]
     assert entry["note"] == "kept" and "runs" not in entry["estimate"]
     assert entry["estimate"]["projected_seconds"] == round(1.0 - 0.5 + 0.2 + 0.1 * 100, 1)

@@ -21,8 +21,8 @@ Claims, one pair per L in ``blocks``, named here for L = 2 (also ``_L4`` at pape
   d(d+3)/2 (claims 9, 20).
 
 Time on the 2-core CPU: quick ≈ 13-35 s (L = 2 and FFN-first L = 1, n = 50, 700 steps). paper (5 seeds × 20 000 steps
-× 4000 prompts for FFN-first L ∈ {1, 2, 3, 4} and attention-first L ∈ {2, 4}; 30 runs): ≈ 20 core-hours (the
-session-12 probe of the 20 equal-depth runs gave 14.6), the longest run 0.9 h, so ≈ 0.9 h on 30 Ray workers. A
+× 4000 prompts for FFN-first L ∈ {1, 2, 3, 4} and attention-first L ∈ {2, 4}; 30 runs): 34 core-hours probed beside
+another run (≈ 23 quiet; session 15), the longest run ≈ 1 h, so ≈ 1 h on 30 Ray workers. A
 reduced run (1 seed, 2000 steps of 1000) gives 3/4 in 5.5 min (session 15): at L = 4 every curve still falls.
 
 Did not match: the equal-depth reading of the remark (spec claim 20; see above). At quick L = 4 diverges at lr 1e-2,
