@@ -61,7 +61,7 @@ def _row(name: str, entry: dict) -> str:
             projected += f" ({est['probe']})"
     notes = [entry.get("note", "")]
     notes += [f"Reduced run ({red['overrides']}): {red['note']}" for red in entry.get("reduced", []) if red.get("note")]
-    return f"| {name} | {claims} | {wall} | {projected} | {' '.join(n for n in notes if n)} |"
+    return f"| {name} | {claims} | {wall} | {projected} | {'<br>'.join(n for n in notes if n)} |"
 
 
 def table(entries: dict[str, dict], names: list[str]) -> str:
