@@ -15,7 +15,8 @@ Claims:
 Time on the 2-core CPU: quick (K^relu/relu and K^exp/softmax, 1 seed, 300 steps of 1000 prompts; 2 models)
 45-51 s under load ≈ 3-4 (35 s of CPU on 1 thread); paper (9 pairs, 3 seeds, 3000 steps of 30 000 prompts at
 n = 30; 27 models): 4.7 core-hours probed (session 14), the longest model 16 min, so ≈ 1.6 h with
-``--workers 2`` here. Its
+``--workers 2`` here; one seed took 27 min (session 15: 2/3, the later layers' matrices still moving when the cosine
+schedule ends; docs/papers/cheng2024.md). Its
 K^exp/softmax model is also one of Fig. 3's: each card trains its own (training is deterministic, so the numbers
 agree), ≈ 18 s of CPU more than when it reused Fig. 3's model and both test sets in one process.
 
