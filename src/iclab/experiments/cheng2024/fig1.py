@@ -24,7 +24,8 @@ What did not match (docs/papers/cheng2024.md): quick losses are not converged (r
 vs the A ≡ 0-family optimum 0.32), so quick judges the orderings at ≥ 0.5 of the grid; exp heads train at
 ``exp_lr`` = 0.01 (they diverge at quick's 0.05), a confound for the softmax-vs-exp ordering, a ≈ 4% effect. At
 the paper's budget (3 seeds, 3000 steps) exp beats softmax at n = 6 in every seed (1.18 vs 1.25; the A ≡ 0 family
-ties there): Observation 2 holds at n = 14, not at n = 6 (8-12 not run at paper yet), a finding (docs/errata.md).
+ties there); at n = 8-12 the two are within 1.2 %, the sign changing by seed: Observation 2 holds clearly at n = 14
+only, a finding (docs/errata.md, seed 000).
 """
 
 from __future__ import annotations
