@@ -37,8 +37,8 @@ Time on the 2-core CPU: smoke ≈ 5-10 s (53 s at load ≈ 9); quick (d' = 64, 4
 1500 steps at lr 1e-2 cosine, 48 continuations) 114 s in session 6's ``make reproduce`` under ≈ 2× load, 270 s
 under load ≈ 4; paper: 159 core-hours probed (session 11; GD ≈ 8 h, GD + FF ≈ 10 h, transformer ≈ 13-15 h per
 seed at 1 thread), a GPU job. A reduced run at the paper's model size (1 seed, 100 steps of 8, 8 continuations) gives
-8/13 in 5.5 min (session 15): the transformer learns first there, GD starting at a training NLL of 72 (the
-transformer at ln V; docs/papers/wang2025.md).
+8/13 in 5.5 min (session 15): the transformer learns first there, GD starting at a training NLL of 72 (the authors'
+read-out LN_out(f)·LN(wte)ᵀ gives logits of std √d' at init; the transformer starts at ln V; docs/papers/wang2025.md).
 
 What did not match (docs/papers/wang2025.md "Language models", docs/errata.md "Language models" row 8): 11/13 claims
 pass at quick. In held-out NLL the GD models beat the 1-layer transformer in every run and seed on the generated
