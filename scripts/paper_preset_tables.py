@@ -3,7 +3,7 @@ benchmarks/results/paper_presets.json: what was run at `paper` (claims, wall) an
 
     python scripts/paper_preset_tables.py            # rewrite the marked sections in place
     python scripts/paper_preset_tables.py record RUN_DIR --where "session 13, --workers 2" [--note TEXT]
-    python scripts/paper_preset_tables.py estimate EXPERIMENT --probe "3 steps × every run, 1 thread, session 14" [--set k=v]
+    python scripts/paper_preset_tables.py estimate EXPERIMENT --probe "3 steps × every run, 1 thread" [--set k=v]
 
 ``record`` reads a finished run directory (summary.json, claims.json, config.yaml) into the JSON and rewrites the
 tables: as the preset's ``run`` when its config is the paper preset's, else as one of its ``reduced`` runs, labelled

@@ -9,8 +9,8 @@ import pytest
 from iclab.experiments import run_experiment
 
 #: experiment -> seconds of its paper preset in this test (one torch thread, as every test; `make verify-paper` runs two
-#: at once), measured in sessions 8-9 on the quiet 2-core CPU: 941 s in all; `make verify-paper` 5 min 37 s wall with two
-#: workers in session 15 (14 passed)
+#: at once), measured in sessions 8-9 on the quiet 2-core CPU: 941 s in all; `make verify-paper` 5 min 37 s wall with
+#: two workers in session 15 (14 passed)
 VERIFIED = {
     "ahn2023.theorem2": 30,
     "ahn2023.theorem5": 59,

@@ -109,10 +109,8 @@ def test_order_ablation_claims_check_the_depth_sandwich_and_the_floor() -> None:
     cfg = OrderAblationConfig(seeds=1, n=50, blocks=(2,), test_ns=(50,), tol=OrderAblationTolerances(slack=1.1))
 
     def rows(ffn: float, attn: float, ffn_below: float = 8.0) -> OrderAblationResults:
-        return OrderAblationResults(
-            rows=[_row("ffn_first-L1", ffn_below, 0.01), _row("ffn_first-L2", ffn, 0.01), _row("attention_first-L2", attn, 0.01)],
-            floor=9.0,
-        )  # fmt: skip
+        losses = {"ffn_first-L1": ffn_below, "ffn_first-L2": ffn, "attention_first-L2": attn}
+        return OrderAblationResults(rows=[_row(label, loss, 0.01) for label, loss in losses.items()], floor=9.0)
 
     between = claims_order_ablation(rows(2.0, 6.0), cfg)  # 3x apart at equal depth, yet inside the sandwich
     assert [c.passed for c in between] == [True, True] and between[0].measured == pytest.approx(0.75)

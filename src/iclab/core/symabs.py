@@ -11,8 +11,9 @@ repeated eigenvalue): the C kernel and torch give the same draw to rounding.
 
 On the CPU the C kernel ``_sym_abs.c`` diagonalises 16 float32 or 8 float64 matrices at once (half as many with
 AVX2) by cyclic Jacobi rotations, one vector operation per step for all of them; ``torch.linalg.eigh`` calls LAPACK
-once per matrix, which at 31 × 31 (n = 30) is mostly call and workspace overhead. At Cheng et al.'s batch (30 000 prompts of n = 30,
-resampled every 10 steps) this draw cost as much per step as the model's training step on a ReLU-label run;
+once per matrix, which at 31 × 31 (n = 30) is mostly call and workspace overhead. At Cheng et al.'s batch (30 000
+prompts of n = 30, resampled every 10 steps) this draw cost as much per step as the model's training step on a
+ReLU-label run;
 docs/performance.md has the timings. Elsewhere (a GPU, no C compiler, ``ICLAB_NATIVE=0``, matrices over
 64 × 64, a batch where the sweeps do not converge) torch's eigh runs. :func:`cholesky_sample` is the same for a
 positive definite K (y = L g).

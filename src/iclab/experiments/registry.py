@@ -202,9 +202,9 @@ class RunContext:
 
         The step cost is the trainer's own in-loop timer where it has one (:class:`~iclab.training.StepTiming`:
         the median step plus the evaluation and the drawing of new batches amortised, robust to a busy machine;
-        sampled runs and a token-level module's full-batch runs); otherwise (the reduced models' full-batch GD, the population flow) the run is
-        trained again for half as many steps, each in its own directory, and the difference of the two times is the
-        cost of a step. Past ``probe_runs`` runs so probed, a run trains one step
+        sampled runs and a token-level module's full-batch runs); otherwise (the reduced models' full-batch GD, the
+        population flow) the run is trained again for half as many steps, each in its own directory, and the
+        difference of the two times is the cost of a step. Past ``probe_runs`` runs so probed, a run trains one step
         only and its step cost is the mean of the probed runs' (hundreds of runs are probed in minutes)."""
         assert self.probe_steps is not None
         full = min(run.train.steps, self.probe_steps)

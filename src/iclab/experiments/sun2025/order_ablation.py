@@ -151,7 +151,7 @@ def claims(results: OrderAblationResults, cfg: OrderAblationConfig) -> list[Clai
 ORDER_ABLATION = register(
     Experiment(
         name="sun2025.order_ablation",
-        title="Sec. 2.2 remark: [FFN → LSA] blocks (the paper's) vs [LSA → FFN] (the usual order), the same up to one block",
+        title="Sec. 2.2 remark: [FFN → LSA] blocks (the paper's) vs [LSA → FFN] (the usual order), alike up to a block",
         config=OrderAblationConfig,
         presets={
             # floor_sigmas = 0 only keeps the smoke value of both_orders_below_linear_floor_L2 (not checked at smoke)
