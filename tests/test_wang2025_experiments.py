@@ -300,3 +300,36 @@ def test_fig4_right_runs_on_a_users_feature_file(tmp_path) -> None:
         run_experiment("wang2025.fig4_right", "smoke", out=tmp_path / "runs", overrides=[f"features_path={path}"])
     with pytest.raises(ConfigError, match="ImageConfig.n must be a multiple of num_classes = 5"):
         run_experiment("wang2025.fig4_right", "smoke", out=tmp_path / "runs", overrides=["n=48"])
+
+
+def test_appf_form_claims_take_the_median_over_seeds() -> None:
+    """App. F's AᵀB / E·D claims judge every seed's Trained TF (the median), so one seed's coupled f-coordinates
+    (session 15's seed 0: E·D 0.47 from a multiple of I) neither passes nor fails the figure alone."""
+    from iclab.experiments.wang2025.appf import AppFConfig, AppFResults, GdForm, ProbabilityMaps
+    from iclab.experiments.wang2025.appf import claims as claims_appf
+
+    def group(acc: float) -> RunGroup:
+        return RunGroup(runs=[], acc=acc, acc_std=0.0, nll=1.0, nll_std=0.0)
+
+    def judged(eds: list[float]) -> dict[str, object]:
+        forms = [GdForm(AtB=0.05, ED=e, qk_leakage=0.1, P_outside_f=0.03) for e in eds]
+        res = AppFResults(
+            bayes=BayesRates(test_max_prob=0.53, test_acc=0.5, test_nll=1.5, mc_rate=0.52, mc_stderr=0.01),
+            kernels=["softmax"],
+            gd={"softmax": group(0.488)},
+            free={"softmax": group(0.487)},
+            maps=ProbabilityMaps(probs={}, grid=1, quadrant_probs=torch.zeros(4, 2), top=[], multi_query_err=0.0),
+            matrices=None,
+            forms=forms,
+        )
+        return {c.name: c for c in claims_appf(res, AppFConfig())}
+
+    one = judged([0.47])["learned_value_is_scaled_identity"]
+    assert not one.passed and one.measured == pytest.approx(0.47)
+    five = judged([0.47, 0.10, 0.12, 0.55, 0.15])
+    assert five["learned_value_is_scaled_identity"].passed
+    assert five["learned_value_is_scaled_identity"].measured == pytest.approx(0.15)
+    assert "median over 5 seeds" in five["learned_value_is_scaled_identity"].detail
+    assert not judged([0.47, 0.30, 0.12])["learned_value_is_scaled_identity"].passed
+    assert five["learned_qk_is_scaled_identity"].passed and five["gd_matches_tf_per_kernel"].passed
+    assert "learned_value_is_scaled_identity" not in judged([])  # no softmax TF among the kernels
