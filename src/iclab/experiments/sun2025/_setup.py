@@ -183,28 +183,38 @@ class ModelRow:
     floor_gap: tuple[float, float] | None = None  # linear_depth: paired gap to the affine oracle (mean, se)
 
 
+#: one group of models trained together: {label: model config}, the input dimension d, the training length n
+#: (None: ``cfg.n``)
+ModelGroup = tuple[dict[str, BilinearTransformerConfig], int, int | None]
+
+
 def run_models(
     cfg: BilinearSetup, ctx: RunContext, models: dict[str, BilinearTransformerConfig], d: int, n: int | None = None,
     measure: Callable[[BilinearTransformer, int], dict[str, Any]] | None = None,
 ) -> list[ModelRow]:  # fmt: skip
     """Train every model for every seed (one :class:`TrainingRun` each, run directory ``d{d}-{label}-n{n}-seed{s}``)
     and measure each; one row each. ``measure(model, seed)`` sets further fields of the row."""
-    task, n_train = make_task(cfg, d), cfg.n if n is None else n
-    keys = [(label, s) for label in models for s in range(cfg.seeds)]
+    return run_model_groups(cfg, ctx, [(models, d, n)], measure)
+
+
+def run_model_groups(
+    cfg: BilinearSetup, ctx: RunContext, groups: list[ModelGroup],
+    measure: Callable[[BilinearTransformer, int], dict[str, Any]] | None = None,
+) -> list[ModelRow]:  # fmt: skip
+    """:func:`run_models` for several (models, d, n) groups, every run in one batch (so that every worker of
+    ``--workers`` / Ray stays busy); rows in group, label, seed order."""
+    jobs = []  # (label, seed, d, n_train, task, model config)
+    for models, d, n in groups:
+        task, n_train = make_task(cfg, d), cfg.n if n is None else n
+        jobs += [(label, s, d, n_train, task, models[label]) for label in models for s in range(cfg.seeds)]
     runs = [
         bilinear_run(
-            cfg,
-            ctx.device,
-            seed=s,
-            task=task,
-            model_cfg=models[label],
-            name=f"d{d}-{label}-n{n_train}-seed{s}",
-            n=n_train,
+            cfg, ctx.device, seed=s, task=task, model_cfg=mc, name=f"d{d}-{label}-n{n_train}-seed{s}", n=n_train
         )
-        for label, s in keys
+        for label, s, d, n_train, task, mc in jobs
     ]
     rows = []
-    for (label, s), res in zip(keys, ctx.execute(runs), strict=True):
+    for (label, s, d, n_train, task, _), res in zip(jobs, ctx.execute(runs), strict=True):
         model = res.model
         steps, loss = res.curve("test_loss")
         lengths = loss_vs_length(model, task, cfg.test_ns, cfg.test_batch, s)

@@ -54,7 +54,7 @@ from iclab.experiments.sun2025._setup import (
     mean_at,
     model_base,
     require_ints,
-    run_models,
+    run_model_groups,
 )
 from iclab.models.bilinear import BilinearTransformerConfig
 from iclab.plotting import band, save, subplots
@@ -112,7 +112,7 @@ def least_squares_baseline(cfg: BilinearSetup, d: int) -> list[float]:
 
 
 def run(cfg: Fig1Config, ctx: RunContext) -> Fig1Results:
-    rows = [r for d in cfg.ds for r in run_models(cfg, ctx, _models(cfg, d), d)]
+    rows = run_model_groups(cfg, ctx, [(_models(cfg, d), d, None) for d in cfg.ds])
     return Fig1Results(rows=rows, least_squares={d: least_squares_baseline(cfg, d) for d in cfg.ds})
 
 

@@ -43,7 +43,7 @@ from iclab.experiments.sun2025._setup import (
     mean_at,
     model_base,
     require_ints,
-    run_models,
+    run_model_groups,
 )
 from iclab.models.bilinear import BilinearTransformerConfig
 from iclab.plotting import save, subplots
@@ -67,7 +67,7 @@ class Fig4Results:
 
 def run(cfg: Fig4Config, ctx: RunContext) -> Fig4Results:
     mcfg = BilinearTransformerConfig(**model_base(cfg, cfg.d), n_blocks=cfg.n_blocks)
-    return Fig4Results(rows=[r for n in cfg.n_trains for r in run_models(cfg, ctx, {f"n_train={n}": mcfg}, cfg.d, n=n)])
+    return Fig4Results(rows=run_model_groups(cfg, ctx, [({f"n_train={n}": mcfg}, cfg.d, n) for n in cfg.n_trains]))
 
 
 def plot(results: Fig4Results, cfg: Fig4Config, out: Path) -> list[Path]:

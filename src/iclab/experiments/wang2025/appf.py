@@ -159,29 +159,31 @@ def run(cfg: AppFConfig, ctx: RunContext) -> AppFResults:
     sample = functools.partial(task.sample, n=cfg.n)
     groups: dict[str, dict[str, RunGroup]] = {"gd": {}, "free": {}}
     models: dict[tuple[str, str], SingleStepCategorical] = {}
+    keys = [(kernel, mode) for kernel in cfg.kernels for mode in MODES]
+    runs = [
+        fixed_L_run(
+            cfg,
+            f"{mode}-{kernel}-seed{s}",
+            _single(cfg, kernel, mode),
+            sample,
+            cfg.L,
+            seed=s,
+            mode=mode,
+            val=val,
+            test=test,
+            init_key=("init", kernel),
+        )
+        for kernel, mode in keys
+        for s in range(cfg.seeds)
+    ]
+    done = ctx.execute(runs)  # one batch, so that every worker stays busy (--workers, Ray)
     forms: list[GdForm] = []
-    for kernel in cfg.kernels:
-        for mode in MODES:
-            runs = [
-                fixed_L_run(
-                    cfg,
-                    f"{mode}-{kernel}-seed{s}",
-                    _single(cfg, kernel, mode),
-                    sample,
-                    cfg.L,
-                    seed=s,
-                    mode=mode,
-                    val=val,
-                    test=test,
-                    init_key=("init", kernel),
-                )
-                for s in range(cfg.seeds)
-            ]
-            results = ctx.execute(runs)
-            models[(kernel, mode)] = results[0].model  # type: ignore[assignment]
-            if (kernel, mode) == (cfg.matrix_kernel, "free"):
-                forms = [gd_form_metrics(r.model) for r in results]  # type: ignore[arg-type]
-            groups[mode][kernel] = summary([record(r) for r in results])
+    for i, (kernel, mode) in enumerate(keys):
+        results = done[i * cfg.seeds : (i + 1) * cfg.seeds]
+        models[(kernel, mode)] = results[0].model  # type: ignore[assignment]
+        if (kernel, mode) == (cfg.matrix_kernel, "free"):
+            forms = [gd_form_metrics(r.model) for r in results]  # type: ignore[arg-type]
+        groups[mode][kernel] = summary([record(r) for r in results])
     maps = _maps(cfg, task, test, models)
     mk = models.get((cfg.matrix_kernel, "free"))
     matrices = None if mk is None else {k: getattr(mk, k).detach().double().clone() for k in ("W_Q", "W_K", "W_V", "P")}

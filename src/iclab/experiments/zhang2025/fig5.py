@@ -37,7 +37,7 @@ from iclab.experiments.zhang2025._setup import F64, Setup, covariance, full_batc
 from iclab.plotting import save, subplots
 from iclab.tasks.linear_regression import LinearRegression
 from iclab.theory import attention_dynamics as ad
-from iclab.training import TrainConfig, TrainingRun
+from iclab.training import TrainConfig, TrainingRun, TrainResult
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,14 +74,15 @@ class Fig5Results:
 def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
     Lam = covariance(cfg)
     task = LinearRegression(d=cfg.d, covariance=Lam)
-    out: dict[str, SoftmaxCurves] = {}
+    keys = ("merged", "separate")
+    runs = []
     for key, H, init, lr, steps, P in (
         ("merged", cfg.merged_heads, cfg.merged_init, cfg.merged_lr, cfg.merged_steps, cfg.merged_train_size),
         ("separate", cfg.n_heads, cfg.init_std, cfg.train.lr, cfg.train.steps, cfg.train_size),
     ):
         spec = token_spec(cfg.d, H, key_query=key, activation="softmax", init_std=init)
         train = full_batch(dataclasses.replace(cfg.train, lr=lr, steps=steps), P)
-        runs = [
+        runs += [
             TrainingRun(
                 name=f"{key}-seed{s}",
                 model=spec,
@@ -93,14 +94,20 @@ def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
             )
             for s in range(cfg.seeds)
         ]
-        steps_t, losses = None, []
-        for res in ctx.execute(runs):
-            tr = res.trajectory
-            assert tr is not None and tr.train_loss is not None
-            steps_t, losses = tr.steps, [*losses, tr.train_loss]
-        assert steps_t is not None
-        out[key] = SoftmaxCurves(steps=steps_t, loss=torch.stack(losses))
-    return Fig5Results(Lambda=Lam, merged=out["merged"], separate=out["separate"])
+    done = ctx.execute(runs)  # one batch: every worker busy
+    merged, separate = (_curves(done[i * cfg.seeds : (i + 1) * cfg.seeds]) for i in range(len(keys)))
+    return Fig5Results(Lambda=Lam, merged=merged, separate=separate)
+
+
+def _curves(results: list[TrainResult]) -> SoftmaxCurves:
+    """The seeds' training-loss curves of one model (their trajectories share the recorded steps)."""
+    steps, losses = None, []
+    for res in results:
+        tr = res.trajectory
+        assert tr is not None and tr.train_loss is not None
+        steps, losses = tr.steps, [*losses, tr.train_loss]
+    assert steps is not None
+    return SoftmaxCurves(steps=steps, loss=torch.stack(losses))
 
 
 def plot(results: Fig5Results, cfg: Fig5Config, out: Path) -> list[Path]:
