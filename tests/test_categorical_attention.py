@@ -278,3 +278,34 @@ def test_bad_input_is_rejected() -> None:
         CategoricalTransformer().double().predict_points(ep, torch.zeros(4, 3, dtype=F64))
     with pytest.raises(ConfigError, match="constructions.categorical_gd.step_sizes"):
         constructions.categorical_gd(ep.task["W_e"], torch.ones(2, 3), d=10)
+
+
+def test_single_step_embedding_basis_is_a_symmetry() -> None:
+    """App. F's free single-step model: W_e → M W_e with the U columns of W_Q, W_K, W_V → ·M⁻¹ and P's F rows
+    → M⁻ᵀ· changes no prediction (float64, 1e-10) but sends E·D to M⁻ᵀ(E·D)M⁻¹. So E·D 'a multiple of I' (Figs
+    8-9) depends on the basis training leaves; its congruence class is what the data fix."""
+    from iclab.experiments.wang2025.appf import gd_form_metrics
+
+    cfg = CategoricalTransformerConfig(d=2, d_embed=5, num_classes=20, n_blocks=1, kernel="softmax", mode="free",
+                                       init_std=0.05)  # fmt: skip
+    model = SingleStepCategorical(cfg, generator=iclab.generator(3)).double()
+    R = torch.randn(2, 5, 5, generator=iclab.generator(7), dtype=F64)
+    with torch.no_grad():  # E·D ≈ (I + 0.1 R₀)(I + 0.1 R₁): a positive-definite symmetric part, as trained models have
+        model.P[-5:, 2:7] = torch.eye(5, dtype=F64) + 0.1 * R[0]
+        model.W_V[2:7, 2:7] = torch.eye(5, dtype=F64) + 0.1 * R[1]
+    task = QuadrantCategorical.draw(generator=iclab.generator(4), num_classes=20, d_embed=5)
+    ep = task.sample(16, 30, generator=iclab.generator(5), dtype=F64)
+    before, form = model.predict(ep), gd_form_metrics(model)
+    M = torch.randn(5, 5, generator=iclab.generator(6), dtype=F64) + 2 * torch.eye(5, dtype=F64)
+    model.change_embedding_basis(M)
+    after = gd_form_metrics(model)
+    assert_close(model.predict(ep), before, atol=1e-10)
+    assert abs(after.ED - form.ED) > 0.05  # the matrix as drawn moved ...
+    assert 0 < form.ED_congruence < 1  # (1: not positive definite)
+    assert after.ED_congruence == pytest.approx(form.ED_congruence, abs=1e-10)  # ... its class did not
+    assert after.AtB == pytest.approx(form.AtB, abs=1e-12)  # x blocks untouched
+    gd = SingleStepCategorical(CategoricalTransformerConfig(d=2, d_embed=5, num_classes=20, n_blocks=1, mode="gd"))
+    with pytest.raises(ConfigError, match="mode"):
+        gd.change_embedding_basis(M)
+    with pytest.raises(ConfigError, match="M"):
+        model.change_embedding_basis(torch.eye(4, dtype=F64))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import iclab
 from conftest import F32, F64, assert_close, random_episode, random_spd
 from iclab import ConfigError, Episode, ShapeError, models, tasks
-from iclab.core import derive_seed, dist_to_identity, generator, require, resolve_device
+from iclab.core import congruence_dist_to_identity, derive_seed, dist_to_identity, generator, require, resolve_device
 from iclab.core.errors import IclabError, did_you_mean, require_shape
 from iclab.core.numerics import haar_orthogonal, is_psd, sym_inv_sqrt, sym_sqrt
 
@@ -187,6 +187,41 @@ def test_dist_to_identity_values() -> None:
     assert float(dist_to_identity(torch.zeros(3, 3))) == 1.0  # convention for M = 0
     batch = torch.stack([torch.eye(3), torch.diag(torch.tensor([1.0, -1.0, 0.0]))])
     assert_close(dist_to_identity(batch), torch.tensor([0.0, 1.0]), rtol=1e-6, atol=1e-6)
+
+
+@FAST
+@given(d=st.integers(1, 6), seed=SEEDS, c=st.floats(0.01, 100.0), skew=st.floats(0.0, 3.0))
+def test_congruence_dist_to_identity(d: int, seed: int, c: float, skew: float) -> None:
+    """0 exactly on the symmetric positive-definite matrices (those congruent to αI, α > 0), the same for every
+    Mᵀ m M, and for I + A (A antisymmetric) the dist_to_identity of I + A itself."""
+    g = generator(seed)
+    M = torch.randn(d, d, generator=g, dtype=F64) + 3 * torch.eye(d, dtype=F64)  # invertible
+    assert float(congruence_dist_to_identity(c * M.T @ M)) < 1e-10
+    a = torch.randn(d, d, generator=g, dtype=F64)
+    m = torch.eye(d, dtype=F64) + skew * (a - a.T) / 2
+    dist = congruence_dist_to_identity(m)
+    assert_close(dist, dist_to_identity(m), atol=1e-12)
+    assert 0.0 <= float(dist) < 1.0
+    assert_close(congruence_dist_to_identity(c * M.T @ m @ M), dist, atol=1e-10)
+
+
+def test_congruence_dist_to_identity_values() -> None:
+    # I + A with ‖A‖_F = √2·t: t√2 / √(2 + 2t²)
+    t = 0.5
+    m = torch.tensor([[1.0, t], [-t, 1.0]], dtype=F64)
+    assert_close(congruence_dist_to_identity(m), torch.tensor(t / math.sqrt(1 + t**2), dtype=F64))
+    assert float(dist_to_identity(torch.diag(torch.tensor([1.0, 9.0], dtype=F64)))) > 0.5  # far as drawn ...
+    assert float(congruence_dist_to_identity(torch.diag(torch.tensor([1.0, 9.0], dtype=F64)))) == 0.0  # ... not here
+    # no positive multiple of I in reach: indefinite or negative-definite symmetric part
+    for bad in (
+        torch.diag(torch.tensor([1.0, -1.0])),
+        -torch.eye(3),
+        torch.zeros(2, 2),
+        torch.tensor([[0.0, 1], [-1, 0]]),
+    ):
+        assert float(congruence_dist_to_identity(bad.double())) == 1.0
+    batch = torch.stack([torch.eye(2, dtype=F64), m, -torch.eye(2, dtype=F64)])
+    assert_close(congruence_dist_to_identity(batch), torch.tensor([0.0, t / math.sqrt(1 + t**2), 1.0], dtype=F64))
 
 
 @pytest.mark.parametrize("d", [1, 2, 5, 9])

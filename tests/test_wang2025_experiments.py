@@ -312,7 +312,7 @@ def test_appf_form_claims_take_the_median_over_seeds() -> None:
         return RunGroup(runs=[], acc=acc, acc_std=0.0, nll=1.0, nll_std=0.0)
 
     def judged(eds: list[float]) -> dict[str, object]:
-        forms = [GdForm(AtB=0.05, ED=e, qk_leakage=0.1, P_outside_f=0.03) for e in eds]
+        forms = [GdForm(AtB=0.05, ED=0.6, ED_congruence=e, qk_leakage=0.1, P_outside_f=0.03) for e in eds]
         res = AppFResults(
             bayes=BayesRates(test_max_prob=0.53, test_acc=0.5, test_nll=1.5, mc_rate=0.52, mc_stderr=0.01),
             kernels=["softmax"],

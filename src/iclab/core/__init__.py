@@ -7,6 +7,7 @@ from iclab.core.errors import IclabError as IclabError
 from iclab.core.errors import ShapeError as ShapeError
 from iclab.core.errors import require as require
 from iclab.core.learner import Learner as Learner
+from iclab.core.numerics import congruence_dist_to_identity as congruence_dist_to_identity
 from iclab.core.numerics import dist_to_identity as dist_to_identity
 from iclab.core.seeding import derive_seed as derive_seed
 from iclab.core.seeding import generator as generator

@@ -64,6 +64,29 @@ def dist_to_identity(m: Tensor) -> Tensor:
     return torch.where(norm > 0, resid / norm.clamp_min(torch.finfo(m.dtype).tiny), torch.ones_like(norm))
 
 
+def congruence_dist_to_identity(m: Tensor) -> Tensor:
+    """How far the congruence class {Mᵀ m M : M invertible} of a square ``m`` lies from a positive multiple of I,
+    read in the basis where m's symmetric part is I.
+
+    ``m`` is congruent to αI (α > 0) iff it is symmetric positive definite. With S and A its symmetric and
+    antisymmetric parts and S ≻ 0, take M = S^{-1/2}: Mᵀ m M = I + A′, A′ = S^{-1/2} A S^{-1/2}, and the result is
+    :func:`dist_to_identity` there, ‖A′‖_F / √(d + ‖A′‖_F²) (A′ is orthogonal to every symmetric matrix). It is
+    invariant to m → Mᵀ m M for every invertible M (A′ changes by an orthogonal similarity only) and 0 exactly on
+    the symmetric positive-definite matrices; in [0, 1), and 1 where S is not positive definite (no positive
+    multiple of I is in reach; :func:`dist_to_identity`'s value for a matrix with nothing along I). Used where a
+    learned matrix is identified only up to such a change of basis (wang2025.appf's E·D, whose learned embedding
+    W_e absorbs any M). Batched over leading axes.
+    """
+    sym, anti = (m + m.mT) / 2, (m - m.mT) / 2
+    w, V = torch.linalg.eigh(sym)
+    pd = w.min(-1).values > 0
+    root = V @ torch.diag_embed(w.clamp_min(torch.finfo(m.dtype).tiny).rsqrt()) @ V.mT  # S^{-1/2}
+    a = torch.linalg.matrix_norm(root @ anti @ root)
+    d = m.shape[-1]
+    dist = a / torch.sqrt(d + a**2)
+    return torch.where(pd, dist, torch.ones_like(dist))
+
+
 def is_psd(m: Tensor, *, strict: bool = False, rtol: float = 1e-10) -> bool:
     """True when the symmetric matrix ``m`` (or every one in a batch) is PSD (PD with ``strict``)."""
     if m.shape[-1] != m.shape[-2]:

@@ -412,6 +412,25 @@ class SingleStepCategorical(_EmbeddingModel):
 
             self.W_Q, self.W_K, self.W_V, self.P = p(), p(), p(), p()
 
+    @torch.no_grad()
+    def change_embedding_basis(self, M: Tensor) -> None:
+        """Apply the free model's exact symmetry in place: W_e → M W_e, the U columns of W_Q, W_K, W_V → · M⁻¹ and
+        the F rows of P → M⁻ᵀ · (M ∈ R^{d'×d'} invertible). Every prediction is unchanged (the tokens' U slots
+        become M(w_{e,y} − w̄_e), the F readout M⁻ᵀf meets M W_e) while E·D → M⁻ᵀ (E·D) M⁻¹: E·D is identified
+        only up to congruence (docs/errata.md, wang2025 App. F). ``mode='free'`` only."""
+        cfg = self.config
+        require(type(self).__name__, "mode", cfg.mode == "free", "'free' (the GD model has no W_Q, W_K, W_V, P)",
+                cfg.mode)  # fmt: skip
+        dp = cfg.d_embed
+        require(type(self).__name__, "M", tuple(M.shape) == (dp, dp), f"shape {(dp, dp)}", tuple(M.shape))
+        M = M.to(self.W_free)
+        inv = torch.linalg.inv(M)
+        u = slice(cfg.d, cfg.d + dp)
+        self.W_free.copy_(M @ self.W_free)
+        for W in (self.W_Q, self.W_K, self.W_V):
+            W[:, u] = W[:, u] @ inv
+        self.P[-dp:] = inv.T @ self.P[-dp:]
+
     @property
     def D(self) -> int:
         return self.config.d + 2 * self.config.d_embed

@@ -17,16 +17,19 @@ Claims (spec §5):
   (claim 17).
 - linear_kernel_is_worse: best non-linear kernel acc − linear acc >= 0.05, GD models (claim 16).
 - learned_qk_is_scaled_identity: rel. deviation of the softmax TF's AᵀB from a multiple of I, median over seeds,
-  <= 0.2 (claim 10; quick 0.35).
-- learned_value_is_scaled_identity: the same for E·D <= 0.2 (quick 0.35).
+  <= 0.2 (claim 10).
+- learned_value_is_scaled_identity: the distance of E·D's congruence class from a positive multiple of I, median
+  over seeds, <= 0.2: the learned W_e absorbs any change of basis M (E·D → M⁻ᵀ(E·D)M⁻¹, predictions unchanged),
+  so only E·D's class is fixed by the data (docs/errata.md, 'E·D up to a basis').
 
 Time (2-core CPU): quick ≈ 15 s quiet (20 s wall under load ≈ 4; one seed, kernels linear / rbf / softmax, 400
 updates of 128); paper (5 kernels × 2 models × 5 seeds × 20 000 updates of 512): 2.3 core-hours probed (session 13),
 measured 27 min for one seed with ``--workers 2`` (session 15: 5/6), so ≈ 2.2 h here for all five.
 
-What did not match: nothing at quick (6/6), but E·D of the quick TF is 0.30 from the GD form after 400 updates
-(0.42 after 150), so quick's ``form_tol`` is 0.35 against the paper's ≈ 0.2 (docs/papers/wang2025.md). At the paper's
-20 000 updates (one seed) E·D is 0.47 from it, two f-coordinates coupled, at GD's accuracy: open until five seeds.
+Corrected claim (case b, session 16): E·D as Figs 8-9 draw it is 0.30 from a multiple of I at quick and 0.47-0.68 in
+every one of the paper's five seeds (softmax, 20 000 updates), each seed coupling different f-coordinates at GD's
+accuracy; its congruence class is 0.16 from αI at quick and 0.07-0.16 at paper (median 0.12): every seed's E·D is
+symmetric positive definite up to a small antisymmetric part, i.e. the GD form in another basis of the embeddings.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from iclab.core.numerics import dist_to_identity
+from iclab.core.numerics import congruence_dist_to_identity, dist_to_identity
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
 from iclab.experiments.wang2025._setup import (
@@ -104,10 +107,16 @@ def _single(cfg: AppFConfig, kernel: str, mode: str) -> ModelSpec:
 @dataclass
 class GdForm:
     """How far a single-step Trained TF is from the GD form (App. F / spec §3.4): relative deviation from a multiple
-    of I of AᵀB (Q/K x-blocks) and E·D (P·W_V U → f), Q/K leakage onto non-x inputs, ‖P outside f‖/‖P‖."""
+    of I of AᵀB (Q/K x-blocks) and E·D (P·W_V U → f), Q/K leakage onto non-x inputs, ‖P outside f‖/‖P‖.
+
+    E·D is identified only up to congruence (the learned W_e absorbs any change of basis M:
+    ``SingleStepCategorical.change_embedding_basis``), so the claim reads ``ED_congruence``, the distance of its
+    congruence class from a positive multiple of I (``core.numerics.congruence_dist_to_identity``); ``ED`` is the
+    matrix as Figs 8-9 draw it, in the basis training happened to leave."""
 
     AtB: float
     ED: float
+    ED_congruence: float
     qk_leakage: float
     P_outside_f: float
 
@@ -121,7 +130,11 @@ def gd_form_metrics(model: SingleStepCategorical) -> GdForm:
     leak = (torch.cat([WQ[:, d:], WK[:, d:]]).norm() / torch.cat([A, B]).norm()).item()
     p_out = (P[:-dp].norm() / P.norm()).item()
     return GdForm(
-        AtB=dist_to_identity(A.T @ B).item(), ED=dist_to_identity(gamma).item(), qk_leakage=leak, P_outside_f=p_out
+        AtB=dist_to_identity(A.T @ B).item(),
+        ED=dist_to_identity(gamma).item(),
+        ED_congruence=congruence_dist_to_identity(gamma).item(),
+        qk_leakage=leak,
+        P_outside_f=p_out,
     )
 
 
@@ -320,10 +333,13 @@ def claims(results: AppFResults, cfg: AppFConfig) -> list[ClaimResult]:
 
         def per_seed(attr: str) -> tuple[float, str]:
             values = [getattr(f, attr) for f in fs]
+            if len(values) == 1:
+                return values[0], f"{values[0]:.3f} (one seed)"
             return statistics.median(values), f"median over {len(values)} seeds of {[round(v, 3) for v in values]}"
 
         atb, atb_seeds = per_seed("AtB")
-        ed, ed_seeds = per_seed("ED")
+        ed, ed_seeds = per_seed("ED_congruence")
+        _, raw_seeds = per_seed("ED")
         out.append(
             check(
                 "learned_qk_is_scaled_identity",
@@ -338,7 +354,8 @@ def claims(results: AppFResults, cfg: AppFConfig) -> list[ClaimResult]:
                 "learned_value_is_scaled_identity",
                 ed,
                 hi=tol.form_tol,
-                detail=f"rel. deviation of E·D from a multiple of I, {ed_seeds}; ‖P outside f‖/‖P‖ "
+                detail=f"distance of E·D's congruence class (W_e absorbs any basis) from a positive multiple of I, "
+                f"{ed_seeds}; E·D as drawn {raw_seeds}; ‖P outside f‖/‖P‖ "
                 f"{statistics.median(f.P_outside_f for f in fs):.3f}",
             )
         )
@@ -356,11 +373,10 @@ APPF = register(
             "quick": {
                 **QUICK,
                 "L": 2048,
-                "max_updates": 400,  # single-step steps are cheap (~30 ms); E·D needs them (0.42 at 150, 0.34 at 300)
+                "max_updates": 400,  # single-step steps are cheap (~30 ms); E·D as drawn: 0.42 at 150, 0.34 at 300
                 "snapshot_every": 50,
                 "kernels": ("linear", "rbf", "softmax"),
                 "gd_tf_tol": 0.05,
-                "form_tol": 0.35,
             },
             "paper": dict(),
         },
