@@ -152,19 +152,24 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
     )
     lrs = [cfg.lr_tf, *(lr for lr in cfg.contrast_lrs if lr != cfg.lr_tf)]
     out = GdInitResults(bayes=bayes, lrs=lrs, seeds=[])
+    gds = []
     for s in range(cfg.seeds):
         gd = model_spec(cfg, cfg.n_blocks, "gd").build(generator(derive_seed(s, "init")))
         assert isinstance(gd, CategoricalTransformer)
         if cfg.gd_embed_init == "generator":
             with torch.no_grad():
                 gd.set_embeddings((task.W_e - task.W_e[:, -1:]).to(gd.W_free.dtype))  # (1) is shift invariant
-        gd_steps = cfg.updates(cfg.L) if cfg.gd_updates is None else cfg.gd_updates
-        gd_run = None
-        if gd_steps > 0:  # trains ``gd`` in place
-            spec = fixed_L_run(
-                cfg, f"gd-seed{s}", gd, sample, cfg.L, seed=s, mode="gd", val=val, test=test, steps=gd_steps
-            )
-            gd_run = record(ctx.train(spec))
+        gds.append(gd)
+    gd_steps = cfg.updates(cfg.L) if cfg.gd_updates is None else cfg.gd_updates
+    gd_runs: list[RunRecord | None] = [None] * cfg.seeds
+    if gd_steps > 0:  # trains every seed's ``gd`` in place, in one batch
+        specs = [
+            fixed_L_run(cfg, f"gd-seed{s}", gd, sample, cfg.L, seed=s, mode="gd", val=val, test=test, steps=gd_steps)
+            for s, gd in enumerate(gds)
+        ]
+        gd_runs = [record(r) for r in ctx.execute(specs)]
+    per_seed, runs = [], []
+    for s, gd in enumerate(gds):
         gd = gd.to(cfg.dtype)
         with torch.no_grad():
             gd_nll = float(nll(gd.predict(test.to(dtype=cfg.dtype)), test.label_query))
@@ -176,7 +181,8 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
             c: qk_gradient_metrics(gd_init_model(rescaled(gd, c)), grad_eps, cfg.grad_groups) for c in cfg.grad_scales
         }
         snapshot = functools.partial(qk_form_metrics, init=copy_f64(init))
-        runs = [
+        per_seed.append((gd, gd_nll, grad))
+        runs += [
             fixed_L_run(
                 cfg,
                 f"tf-lr{lr:g}-seed{s}",
@@ -193,15 +199,16 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
             )
             for lr in lrs
         ]
-        tf = {lr: record(r) for lr, r in zip(lrs, ctx.execute(runs), strict=True)}
+    tfs = [record(r) for r in ctx.execute(runs)]  # every seed's TFs in one batch: they start from trained GD models
+    for s, (gd, gd_nll, grad) in enumerate(per_seed):
         out.seeds.append(
             GdInitSeed(
                 gd_nll=gd_nll,
                 gd_alpha=gd.alpha.detach().double().clone(),
                 gd_scale=float(gd.scale.detach()),
-                gd_run=gd_run,
+                gd_run=gd_runs[s],
                 grad=grad,
-                tf=tf,
+                tf=dict(zip(lrs, tfs[s * len(lrs) : (s + 1) * len(lrs)], strict=True)),
             )
         )
     return out
