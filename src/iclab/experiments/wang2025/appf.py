@@ -23,8 +23,8 @@ Claims (spec §5):
   so only E·D's class is fixed by the data (docs/errata.md, 'E·D up to a basis').
 
 Time (2-core CPU): quick ≈ 15 s quiet (20 s wall under load ≈ 4; one seed, kernels linear / rbf / softmax, 400
-updates of 128); paper (5 kernels × 2 models × 5 seeds × 20 000 updates of 512): 2.3 core-hours probed (session 13),
-measured 27 min for one seed with ``--workers 2`` (session 15: 5/6), so ≈ 2.2 h here for all five.
+updates of 128); paper (5 kernels × 2 models × 5 seeds × 20 000 updates of 512): 2.37 core-hours of training
+measured (session 16: 6/6; the 2.3 probed in session 13), so ≈ 1.2 h with ``--workers 2`` here.
 
 Corrected claim (case b, session 16): E·D as Figs 8-9 draw it is 0.30 from a multiple of I at quick and 0.47-0.68 in
 every one of the paper's five seeds (softmax, 20 000 updates), each seed coupling different f-coordinates at GD's
