@@ -210,8 +210,8 @@ def write_tables() -> None:
         rows = rows.replace(f"| {n} |", f"| {n} ✓ |", 1)
     perf = (
         f"{intro}\n\n`make verify-paper` (tests/test_paper_presets.py) runs the {len(verified)} presets marked ✓ and"
-        f" asserts every claim: {format_seconds(total)} of one-thread test time in all, 5 min 37 s wall with two"
-        f" workers (session 15, all 14 pass).\n\n{rows}"
+        f" asserts every claim: {format_seconds(total)} of one-thread test time in all, 5 min 34 s wall with two"
+        f" workers (session 16, all 14 pass).\n\n{rows}"
     )
     _replace(ROOT / "docs" / "performance.md", perf)
     _replace(ROOT / "docs" / "scaling.md", scaling_table(entries), "<!-- scaling:begin -->", "<!-- scaling:end -->")
