@@ -78,9 +78,8 @@ def congruence_dist_to_identity(m: Tensor) -> Tensor:
     W_e absorbs any M). Batched over leading axes.
     """
     sym, anti = (m + m.mT) / 2, (m - m.mT) / 2
-    w, V = torch.linalg.eigh(sym)
-    pd = w.min(-1).values > 0
-    root = V @ torch.diag_embed(w.clamp_min(torch.finfo(m.dtype).tiny).rsqrt()) @ V.mT  # S^{-1/2}
+    root = sym_inv_sqrt(sym)  # S^{-1/2}: finite exactly when every eigenvalue of S is > 0 (else nan or inf)
+    pd = torch.isfinite(root).all(-1).all(-1)
     a = torch.linalg.matrix_norm(root @ anti @ root)
     d = m.shape[-1]
     dist = a / torch.sqrt(d + a**2)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import sys
 import time
@@ -175,6 +176,13 @@ class RunContext:
             if not self.experiment:
                 raise
             raise ConfigError(f"{self.experiment}: {e}") from None
+
+    def execute_groups(self, groups: Sequence[Sequence[TrainingRun]]) -> list[list[TrainResult]]:
+        """:meth:`execute` for several groups of runs (one model's seeds, say) in one batch, so that every worker of
+        ``--workers`` / Ray stays busy; the results come back grouped as given."""
+        done = self.execute([r for g in groups for r in g])
+        bounds = list(itertools.accumulate((len(g) for g in groups), initial=0))
+        return [done[a:b] for a, b in itertools.pairwise(bounds)]
 
     def _fan_out(self, runs: list[TrainingRun]) -> list[TrainResult]:
         """Run ``runs`` as tasks of :attr:`backend`; the driver's progress bar counts finished runs. A run given an

@@ -347,13 +347,17 @@ def model_spec(setup: CatSetup, n_blocks: int, mode: str, **kw: Any) -> ModelSpe
 
 def gd_per_depth(cfg: Any, ctx: RunContext, sample: Any, val: Episode, test: Episode, L: int) -> dict[int, RunGroup]:
     """The GD model with each number of blocks in ``cfg.blocks``, every seed, on L fixed contexts: {K: RunGroup}."""
-    runs = [
-        fixed_L_run(cfg, f"gd-K{K}-seed{s}", model_spec(cfg, K, "gd"), sample, L, seed=s, mode="gd", val=val, test=test)
+    per_depth = [
+        [
+            fixed_L_run(
+                cfg, f"gd-K{K}-seed{s}", model_spec(cfg, K, "gd"), sample, L, seed=s, mode="gd", val=val, test=test
+            )
+            for s in range(cfg.seeds)
+        ]
         for K in cfg.blocks
-        for s in range(cfg.seeds)
     ]
-    done = [record(r) for r in ctx.execute(runs)]  # one batch: every worker busy
-    return {K: summary(done[i * cfg.seeds : (i + 1) * cfg.seeds]) for i, K in enumerate(cfg.blocks)}
+    done = ctx.execute_groups(per_depth)
+    return {K: summary([record(r) for r in results]) for K, results in zip(cfg.blocks, done, strict=True)}
 
 
 def gd_curves(axes: Any, gd: dict[int, RunGroup], blocks: list[int], color: Any, prefix: str) -> None:

@@ -75,24 +75,25 @@ def run_sweep_L(cfg: SweepLConfig, ctx: RunContext) -> SweepLResults:
     sample = functools.partial(task.sample, n=cfg.n)
     out = SweepLResults(bayes=bayes, L=list(cfg.L_grid), gd={}, free={})
     keys = [(L, mode) for L in cfg.L_grid for mode in MODES]
-    runs = [
-        fixed_L_run(
-            cfg,
-            f"{mode}-L{L}-seed{s}",
-            model_spec(cfg, cfg.n_blocks, mode),
-            sample,
-            L,
-            seed=s,
-            mode=mode,
-            val=val,
-            test=test,
-        )
+    per_model = [
+        [
+            fixed_L_run(
+                cfg,
+                f"{mode}-L{L}-seed{s}",
+                model_spec(cfg, cfg.n_blocks, mode),
+                sample,
+                L,
+                seed=s,
+                mode=mode,
+                val=val,
+                test=test,
+            )
+            for s in range(cfg.seeds)
+        ]
         for L, mode in keys
-        for s in range(cfg.seeds)
     ]
-    done = [record(r) for r in ctx.execute(runs)]  # one batch: every worker busy
-    for i, (L, mode) in enumerate(keys):
-        getattr(out, mode)[L] = summary(done[i * cfg.seeds : (i + 1) * cfg.seeds])
+    for (L, mode), results in zip(keys, ctx.execute_groups(per_model), strict=True):
+        getattr(out, mode)[L] = summary([record(r) for r in results])
     return out
 
 

@@ -173,26 +173,26 @@ def run(cfg: AppFConfig, ctx: RunContext) -> AppFResults:
     groups: dict[str, dict[str, RunGroup]] = {"gd": {}, "free": {}}
     models: dict[tuple[str, str], SingleStepCategorical] = {}
     keys = [(kernel, mode) for kernel in cfg.kernels for mode in MODES]
-    runs = [
-        fixed_L_run(
-            cfg,
-            f"{mode}-{kernel}-seed{s}",
-            _single(cfg, kernel, mode),
-            sample,
-            cfg.L,
-            seed=s,
-            mode=mode,
-            val=val,
-            test=test,
-            init_key=("init", kernel),
-        )
+    per_model = [
+        [
+            fixed_L_run(
+                cfg,
+                f"{mode}-{kernel}-seed{s}",
+                _single(cfg, kernel, mode),
+                sample,
+                cfg.L,
+                seed=s,
+                mode=mode,
+                val=val,
+                test=test,
+                init_key=("init", kernel),
+            )
+            for s in range(cfg.seeds)
+        ]
         for kernel, mode in keys
-        for s in range(cfg.seeds)
     ]
-    done = ctx.execute(runs)  # one batch, so that every worker stays busy (--workers, Ray)
     forms: list[GdForm] = []
-    for i, (kernel, mode) in enumerate(keys):
-        results = done[i * cfg.seeds : (i + 1) * cfg.seeds]
+    for (kernel, mode), results in zip(keys, ctx.execute_groups(per_model), strict=True):
         models[(kernel, mode)] = results[0].model  # type: ignore[assignment]
         if (kernel, mode) == (cfg.matrix_kernel, "free"):
             forms = [gd_form_metrics(r.model) for r in results]  # type: ignore[arg-type]

@@ -168,7 +168,7 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
             for s, gd in enumerate(gds)
         ]
         gd_runs = [record(r) for r in ctx.execute(specs)]
-    per_seed, runs = [], []
+    per_seed, tf_runs = [], []
     for s, gd in enumerate(gds):
         gd = gd.to(cfg.dtype)
         with torch.no_grad():
@@ -182,25 +182,27 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
         }
         snapshot = functools.partial(qk_form_metrics, init=copy_f64(init))
         per_seed.append((gd, gd_nll, grad))
-        runs += [
-            fixed_L_run(
-                cfg,
-                f"tf-lr{lr:g}-seed{s}",
-                gd_init_model(gd),
-                sample,
-                cfg.L,
-                seed=s,
-                mode="free",
-                val=val,
-                test=test,
-                lr=lr,
-                extra=snapshot,
-                train_overrides=schedule,
-            )
-            for lr in lrs
-        ]
-    tfs = [record(r) for r in ctx.execute(runs)]  # every seed's TFs in one batch: they start from trained GD models
-    for s, (gd, gd_nll, grad) in enumerate(per_seed):
+        tf_runs.append(
+            [
+                fixed_L_run(
+                    cfg,
+                    f"tf-lr{lr:g}-seed{s}",
+                    gd_init_model(gd),
+                    sample,
+                    cfg.L,
+                    seed=s,
+                    mode="free",
+                    val=val,
+                    test=test,
+                    lr=lr,
+                    extra=snapshot,
+                    train_overrides=schedule,
+                )
+                for lr in lrs
+            ]
+        )
+    tfs = ctx.execute_groups(tf_runs)  # every seed's TFs in one batch: they start from trained GD models
+    for s, ((gd, gd_nll, grad), tf) in enumerate(zip(per_seed, tfs, strict=True)):
         out.seeds.append(
             GdInitSeed(
                 gd_nll=gd_nll,
@@ -208,7 +210,7 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
                 gd_scale=float(gd.scale.detach()),
                 gd_run=gd_runs[s],
                 grad=grad,
-                tf=dict(zip(lrs, tfs[s * len(lrs) : (s + 1) * len(lrs)], strict=True)),
+                tf={lr: record(r) for lr, r in zip(lrs, tf, strict=True)},
             )
         )
     return out

@@ -74,28 +74,28 @@ class Fig5Results:
 def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
     Lam = covariance(cfg)
     task = LinearRegression(d=cfg.d, covariance=Lam)
-    keys = ("merged", "separate")
-    runs = []
+    per_model = []
     for key, H, init, lr, steps, P in (
         ("merged", cfg.merged_heads, cfg.merged_init, cfg.merged_lr, cfg.merged_steps, cfg.merged_train_size),
         ("separate", cfg.n_heads, cfg.init_std, cfg.train.lr, cfg.train.steps, cfg.train_size),
     ):
         spec = token_spec(cfg.d, H, key_query=key, activation="softmax", init_std=init)
         train = full_batch(dataclasses.replace(cfg.train, lr=lr, steps=steps), P)
-        runs += [
-            TrainingRun(
-                name=f"{key}-seed{s}",
-                model=spec,
-                task=task.sample(P, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64),
-                train=train,
-                seed=s,
-                init_key=("init", key, "softmax"),
-                regime="full_batch",
-            )
-            for s in range(cfg.seeds)
-        ]
-    done = ctx.execute(runs)  # one batch: every worker busy
-    merged, separate = (_curves(done[i * cfg.seeds : (i + 1) * cfg.seeds]) for i in range(len(keys)))
+        per_model.append(
+            [
+                TrainingRun(
+                    name=f"{key}-seed{s}",
+                    model=spec,
+                    task=task.sample(P, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64),
+                    train=train,
+                    seed=s,
+                    init_key=("init", key, "softmax"),
+                    regime="full_batch",
+                )
+                for s in range(cfg.seeds)
+            ]
+        )
+    merged, separate = (_curves(results) for results in ctx.execute_groups(per_model))
     return Fig5Results(Lambda=Lam, merged=merged, separate=separate)
 
 
