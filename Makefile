@@ -20,7 +20,9 @@ install: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks scripts
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2
+	ICLAB_NATIVE=0 $(PY) -m pytest -q -n 0 tests/test_kernel_fast.py tests/test_categorical_fast.py tests/test_bilinear_fast.py tests/test_query_fast.py tests/test_symabs.py tests/test_native.py
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "slow or not slow"
@@ -43,4 +45,4 @@ bench: $(STAMP)
 	$(VENV)/bin/iclab bench --out benchmarks/results
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -12,7 +12,8 @@ Finite-P full-batch GD at P = 80 000 sequences, N = 31, H = 5, d = 4, rank 1 (fl
 
 Before timing, the naive model and full_batch_gd are checked to follow the same iterates (float64,
 symmetrised training set so that the zero blocks stay zero). Also times the population flow of Fig. 3
-(10⁴ steps, 6 seeds batched). Writes benchmarks/results/attention-dynamics-<device>.json.
+(10⁴ steps, 6 seeds batched). Writes benchmarks/results/attention-dynamics-<device>.json with the measurement's
+provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.models import SeparateAttention
 from iclab.tasks import LinearRegression
@@ -72,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     device = torch.device(args.device)
     f32 = torch.float32
-    out: dict[str, object] = {"device": str(device), "threads": torch.get_num_threads(), "P": args.P, "N": N, "H": H}
+    out: dict[str, object] = {"provenance": provenance(device), "P": args.P, "N": N, "H": H}
     out["max_loss_diff_naive_vs_library_float64"] = check_equivalence()
 
     Lam = rotated_covariance(SPECTRUM, generator=generator(0))
@@ -122,8 +125,7 @@ def main() -> None:
     out["population_flow_final_losses"] = traj.loss[:, -1].tolist()
 
     path = Path(__file__).parent / "results" / f"attention-dynamics-{device.type}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2))
+    atomic_write_json(path, out)
     print(json.dumps(out, indent=2))
 
 

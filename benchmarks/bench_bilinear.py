@@ -16,8 +16,8 @@ yardsticks measured in the same run:
 * the shape bound: the same FLOPs at the rate of the model's own 13-wide matmul shapes (``token_matmul_peak``);
 * the GEMM floor (:func:`gemm_floor`): the fused path's matrix products alone, each on hot operands of one chunk.
 
-Also the sampling time of a batch. Writes benchmarks/results/bench-bilinear-<device>.json; the numbers are discussed
-in docs/performance.md (seed 003).
+Also the sampling time of a batch. Writes benchmarks/results/bench-bilinear-<device>.json with the measurement's
+provenance (``iclab.core.provenance``); docs/performance.md's tables are generated from it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from iclab import models, tasks
 from iclab.bench import alternate, matmul_peak, memory_traffic_bound, timeit, token_matmul_peak
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.models import _bilinear_fast
 from iclab.models._bilinear_fast import CHUNK
@@ -114,8 +115,6 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
     floor = gemm_floor(dev, batch=batch, n=n, d=cfg.d, d_bar=cfg.d_bar, n_blocks=n_blocks, chunk=CHUNK, repeats=repeats)
     fused, tokens, bound = sec["fused"], sec["tokens"], mem["memory_bound_ms"] / 1e3
     return {
-        "device": str(dev),
-        "threads": torch.get_num_threads(),
         "native": dev.type == "cpu" and _bilinear_fast._uses_native(ep.x.new_empty(1, 1, cfg.d_bar + 1), cfg.d + 1),
         "ms_per_step": round(fused * 1e3, 1),
         "torch_fused_ms_per_step": round(sec["fused_torch"] * 1e3, 1),
@@ -150,6 +149,7 @@ if __name__ == "__main__":
     ap.add_argument("--no-tune-allocator", action="store_true", help="leave glibc malloc at its defaults")
     a = ap.parse_args()
     tuned = not a.no_tune_allocator and tune_cpu_allocator()
-    out = {**bench(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}
+    prov = provenance(resolve_device(a.device))
+    out = {"provenance": prov, **bench(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}
     print(json.dumps(out, indent=2))
     atomic_write_json(Path(__file__).parent / "results" / f"bench-bilinear-{resolve_device(a.device).type}.json", out)

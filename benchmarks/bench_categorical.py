@@ -12,14 +12,13 @@ skipped with the reason. ``--general`` also times the Trained TF by its general 
 code before the fast path), ``--torch-head`` its fast path without the C kernel (``_categorical_fast.NATIVE = False``).
 Prints ms per step, contexts/s and achieved GFLOP/s (matmul-family FLOPs of what runs, ``torch.utils.flop_counter``,
 the C kernel's counted as the torch head's products) against this machine's measured float32 matmul peak; writes
-benchmarks/results/bench-categorical-<device>.json.
+benchmarks/results/bench-categorical-<device>.json with the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 from pathlib import Path
@@ -32,10 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from iclab.bench import matmul_peak, measure_step
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig, _categorical_fast
 from iclab.tasks.categorical import RBFMixtureCategorical
-from peers import loadavg, peer_missing, run_peer, side_by_side
+from peers import loadavg, peer_missing, peer_provenance, run_peer, side_by_side
 
 PEER = "icl_attention_categorical"
 #: the authors' harness keys for each of our models
@@ -116,9 +116,9 @@ def main() -> None:
     if missing:
         print(f"authors' column skipped: {missing}")
     native = _categorical_fast.NATIVE and device.type == "cpu" and _categorical_fast.native() is not None
-    out: dict[str, object] = {"device": str(device), "threads": threads, "cpu": platform.processor(),
-                              "torch": torch.__version__, "matmul_peak_gflops": peak, "allocator_tuned": tuned,
-                              "c_kernel": native, "loadavg_start": loadavg()}  # fmt: skip
+    out: dict[str, object] = {"provenance": provenance(device), "matmul_peak_gflops": peak, "allocator_tuned": tuned,
+                              "c_kernel": native, "loadavg_start": loadavg(),
+                              "authors": None if missing else peer_provenance(PEER)}  # fmt: skip
     print(f"Trained TF's shared head: {'the C kernel _kv_softmax.c' if native else 'torch code (no C kernel)'}")
     models = {"free": ("free", True, True), "gd": ("gd", True, True)}
     if args.torch_head:

@@ -3,7 +3,8 @@
     python benchmarks/bench_ensemble.py [cpu|cuda] [--seeds 5] [--batch 20000] [--repeats 5]
 
 The median training step (forward, backward, Adam) of S members at the Fig.-1 sizes (3 layers, d=5, n=20)
-for the eq.-(8) model and the full-P/Q model; prints ms per step for both ways and the ratio.
+for the eq.-(8) model and the full-P/Q model; prints ms per step for both ways and the ratio, with the
+measurement's provenance (``iclab.core.provenance``); ``--out FILE`` also writes it as JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import json
 import torch
 
 from iclab.bench import timeit
+from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
@@ -63,7 +66,13 @@ if __name__ == "__main__":
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", help="also write the result as JSON here")
     a = ap.parse_args()
     dev = torch.device(a.device)
-    rows = [bench(p, a.seeds, a.batch, a.repeats, dev) for p in ("sparse", "full")]
-    print(json.dumps(rows, indent=2))
+    report = {
+        "provenance": provenance(dev),
+        "rows": [bench(p, a.seeds, a.batch, a.repeats, dev) for p in ("sparse", "full")],
+    }
+    print(json.dumps(report, indent=2))
+    if a.out:
+        atomic_write_json(a.out, report)

@@ -4,11 +4,11 @@
 
 For every label kernel, the time to sample one batch of episodes (d = 5, Σ = UᵀDU, ξ on the sphere,
 labels ~ N(0, K₊) on all n + 1 points) in float32, as episodes/s, and the ratio to one Adam training step
-(forward + backward + step) of the 3-layer softmax KernelTransformer on the same batch. Target (issue,
-seed 000): generation ≤ 30% of a training step. Then the ReLU kernel's draw (|K| and |K|^{1/2} g: an
+(forward + backward + step) of the 3-layer softmax KernelTransformer on the same batch (Cheng, Chen, Sra 2024
+redraw a batch every 10 steps, so a draw costs a tenth of its time per step). Then the ReLU kernel's draw (|K| and |K|^{1/2} g: an
 eigendecomposition per prompt) by the batched Jacobi C kernel and by torch's eigh, alternately in one run, at n = 14
-and the n = 30 of Figs 3, 5, 6 (``--engine-rounds``, 0 skips it). Writes benchmarks/results/bench-gp-<device>.json.
-Results are recorded in docs/performance.md.
+and the n = 30 of Figs 3, 5, 6 (``--engine-rounds``, 0 skips it). Writes benchmarks/results/bench-gp-<device>.json
+with the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import iclab
 from iclab import models, tasks
 from iclab.bench import alternate, timeit
 from iclab.core import symabs
+from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 
 KERNELS = ("linear", "relu", "exp", "rbf", "arccos")
 
@@ -34,7 +36,7 @@ def _ms(fn, device: str, repeats: int) -> float:
 
 def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5) -> dict[str, object]:
     g = iclab.generator(0, device=device)
-    out: dict[str, object] = {"device": device, "batch": batch, "n": n, "d": 5, "threads": torch.get_num_threads()}
+    out: dict[str, object] = {"provenance": provenance(device), "batch": batch, "n": n, "d": 5}
     gen: dict[str, dict[str, float]] = {}
     for kernel in KERNELS:
         task = tasks.GaussianProcess.random_rotation(generator=iclab.generator(1), kernel=kernel)
@@ -92,6 +94,5 @@ if __name__ == "__main__":
     if args.engine_rounds and args.device == "cpu":
         res["relu_engines_ms"] = relu_engines(args.device, args.batch, (14, 30), args.engine_rounds)
     path = Path("benchmarks/results") / f"bench-gp-{args.device.replace(':', '')}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(res, indent=2))
+    atomic_write_json(path, res)
     print(json.dumps(res, indent=2))

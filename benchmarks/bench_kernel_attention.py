@@ -10,14 +10,14 @@ eigh, iclab's Jacobi C kernel, ``iclab.core.symabs``). Both sides are charged th
 iclab's step is :class:`iclab.models.KernelTransformer` (the fused batch-last pass, ``iclab.models._kernel_fast``).
 With the authors' code set up (``../shared/peer-bench/README.md``) the two are timed alternately in one run
 (``benchmarks/peers.py``) and the ratio is printed; otherwise that column is skipped with the reason.
-Writes benchmarks/results/bench-kernel-attention-<device>.json (``-relu`` before ``.json`` for relu-kernel data).
+Writes benchmarks/results/bench-kernel-attention-<device>.json (``-relu`` before ``.json`` for relu-kernel data) with
+the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
@@ -28,11 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from iclab.bench import timeit
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.models import KernelTransformer, KernelTransformerConfig
 from iclab.tasks.gaussian_process import CODE_EXP_SIGMA, GaussianProcess
 from iclab.training.optim import clip_gradients
-from peers import loadavg, peer_missing, run_peer, side_by_side
+from peers import loadavg, peer_missing, peer_provenance, run_peer, side_by_side
 
 PEER = "transformer-functional-gradient"
 RESAMPLE = 10  # the authors' run_exp draws a new batch every 10 steps
@@ -78,9 +79,10 @@ def main() -> None:
     if missing:
         print(f"authors' column skipped: {missing}")
     report: dict[str, object] = {
-        "machine": f"{platform.machine()} threads={threads} torch={torch.__version__} device={dev}",
+        "provenance": provenance(dev),
         "workload": f"L=3, d=5, n=14, batch {args.batch}, {args.kernel}-kernel data resampled every {RESAMPLE} steps",
         "loadavg_start": loadavg(),
+        "authors": None if missing else peer_provenance(PEER),
     }
     for act in args.acts:
         for value in args.values:

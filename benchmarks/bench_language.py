@@ -8,14 +8,13 @@ vocabulary V ≈ 789), float32. Sizes: ``quick`` = the quick preset (d' = 64, H 
 = the paper's width and context (d' = 512, H = 8, S = 256) at batch 8 (the paper preset's batch 64 costs 8×; on a
 CPU one such transformer step takes a second or more). Prints ms per step, tokens/s, matmul-family FLOPs
 (``FlopCounterMode``) and achieved GFLOP/s against this machine's measured float32 matmul peak, and writes them to
-benchmarks/results/bench-language-<device>.json.
+benchmarks/results/bench-language-<device>.json with the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ from torch.nn import functional as F
 from iclab.bench import matmul_peak, measure_step
 from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.models.language import LanguageGD, LanguageGPT
 from iclab.tasks.language import StoryLanguageData
@@ -63,8 +63,8 @@ def main() -> None:
     tuned = not args.no_tune_allocator and tune_cpu_allocator()
     device = resolve_device(args.device)
     peak = matmul_peak(device)
-    out: dict[str, object] = {"device": str(device), "threads": torch.get_num_threads(), "cpu": platform.processor(),
-                              "matmul_peak_gflops": round(peak, 1), "allocator_tuned": tuned}  # fmt: skip
+    out: dict[str, object] = {"provenance": provenance(device), "matmul_peak_gflops": round(peak, 1),
+                              "allocator_tuned": tuned}  # fmt: skip
     for size in args.sizes:
         for name in ("gd", "gd_ff", "gpt"):
             r = training_step(name, **SIZES[size], device=device, repeats=args.repeats)

@@ -7,7 +7,7 @@ separate heads), one attention layer read at the query.
 Times the whole step (forward, MSE, backward, SGD update) by the C kernel of the query row
 (:mod:`iclab.models._query_fast`, built with AVX-512 where the CPU has it and as the AVX2 build a CPU without it
 gets) and by the torch pass (:func:`iclab.models.attention_core.attention_update`), alternately in one run. Writes
-benchmarks/results/bench-query-attention-cpu.json; the numbers are discussed in docs/performance.md (seed 001).
+benchmarks/results/bench-query-attention-cpu.json with the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 
 from iclab.bench import alternate
 from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
 from iclab.experiments.zhang2025._setup import token_spec
 from iclab.models import _query_fast
@@ -63,9 +64,8 @@ def main() -> None:
     atomic_write_json(
         args.out,
         {
-            "cpu": torch.backends.cpu.get_cpu_capability(),
-            "torch": torch.__version__,
-            "threads": args.threads,
+            "provenance": provenance(dev),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "prompts": args.prompts,
             "ms_per_step": rows,
         },

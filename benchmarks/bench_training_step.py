@@ -4,7 +4,7 @@
 
 Prints ms per step, samples/s and achieved GFLOP/s against this machine's measured float32
 matmul peak, for the eq.-(8) ("sparse") model and the full-P/Q model; writes
-benchmarks/results/bench-<device>.json. Results are recorded in docs/performance.md.
+benchmarks/results/bench-<device>.json with the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations

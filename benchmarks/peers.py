@@ -1,4 +1,4 @@
-"""Side-by-side timing against the authors' own code (issue 19).
+"""Side-by-side timing against the authors' own code.
 
 The authors' repositories are not dependencies of iclab. Their timing harnesses live in
 ``../shared/peer-bench`` (``PEER_BENCH``); ``setup.sh`` there unpacks the repositories into ``/tmp/peers``
@@ -7,7 +7,9 @@ times one training step of a paper configuration and writes JSON.
 
 :func:`side_by_side` alternates the two sides in one run — authors, iclab, authors, iclab, … — so that a
 change of machine load hits both, and reports each side's median and their ratio. When the authors' code
-is not set up, :func:`peer_missing` says why and the benchmark prints that it skipped that column.
+is not set up, :func:`peer_missing` says why and the benchmark prints that it skipped that column. The benchmark's
+result file carries the run's :func:`iclab.core.provenance.provenance` (date, commit, CPU, threads, torch), and
+:func:`peer_provenance` that of the authors' side: their repository's pinned commit and the peer venv's torch.
 """
 
 from __future__ import annotations
@@ -75,3 +77,24 @@ def loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "unknown"
+
+
+def peer_provenance(repo: str) -> dict[str, object]:
+    """The authors' side of a side-by-side timing: their repository's commit (``PEERS/COMMITS.txt``, written by
+    ``setup.sh``: name, commit, commit date) and the peer venv's Python and torch."""
+    out: dict[str, object] = {"repo": repo, "commit": None, "python": None, "torch": None}
+    try:
+        for line in (PEERS / "COMMITS.txt").read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == repo:
+                out["commit"] = fields[1]
+    except OSError:
+        pass
+    code = "import platform, torch; print(platform.python_version(), torch.__version__)"
+    try:
+        proc = subprocess.run([str(PEER_PYTHON), "-c", code], capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0 and len(proc.stdout.split()) == 2:
+            out["python"], out["torch"] = proc.stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out

@@ -1,4 +1,4 @@
-"""Learner-battery entries for seed 003 (Sun, Jadbabaie, Azizan 2025): polynomial-feature algorithms, the
+"""Learner-battery entries for Sun, Jadbabaie, Azizan 2025: polynomial-feature algorithms, the
 bilinear transformer and its constructions, on the battery's d = 4 episodes (the [1; x; 0; y] prompt has
 d̄ = 12 for the trained models, C(6, 2) = 15 for the Thm-2 block and 2d + 1 = 9 for the BCD construction)."""
 

@@ -1,4 +1,4 @@
-"""Backends (issue 16): an experiment's training runs as tasks of a local process pool or of Ray give the same
+"""Backends: an experiment's training runs as tasks of a local process pool or of Ray give the same
 numbers as in this process; a task's failure is reported, a killed worker is retried."""
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def test_local_pool_gives_identical_results(serial, pool, tmp_path: Path, monkey
 
 def test_local_pool_runs_a_parametrised_model(pool, tmp_path: Path) -> None:
     """sun2025.fig2 trains a ``sparse_strict`` bilinear model (a row-mask parametrisation, which torch does not pickle):
-    its workers send it back rebuilt (BilinearTransformer.__reduce__), with the serial run's claims. Session 14: its
-    reduced paper run with ``--workers 2`` failed here."""
+    its workers send it back rebuilt (BilinearTransformer.__reduce__), with the serial run's claims (its
+    reduced paper run with ``--workers 2`` needs this)."""
     pooled = run_experiment("sun2025.fig2", "smoke", out=tmp_path / "pool", backend=pool)
     serial = run_experiment("sun2025.fig2", "smoke", out=tmp_path / "serial")
     assert _claims(pooled) == _claims(serial)

@@ -101,7 +101,7 @@ def _query_poly_degree(model: models.BilinearTransformer, ep: iclab.Episode) -> 
 
 
 def test_strict_sparse_model_predicts_a_quadratic_in_x_query() -> None:
-    """Spec 003 §2.3: with P's (1, x) rows held at 0 the prediction has degree <= 2 in x_q; the paper's
+    """Eq. (11) (docs/errata.md): with P's (1, x) rows held at 0 the prediction has degree <= 2 in x_q; the paper's
     sparse model (free attention) and the dense model reach higher degrees."""
     ep = tasks.sparse_cubic().sample(5, 12, generator=iclab.generator(0), dtype=F64)
     cfg = dict(d=4, d_bar=10, n_blocks=3)

@@ -167,8 +167,8 @@ def test_multi_query_pass_equals_single_queries(mode: str) -> None:
 
 
 def test_erasure_caveat() -> None:
-    """Claim 3: the dot-product softmax erasure is exact iff ‖x_i‖ is constant; on U[−1,1]^10, N = 125, ~12% of
-    context rows attend to the wrong token (spec §2.2 quotes 9.6%; see docs/errata.md), and the model is then off."""
+    """The dot-product softmax erasure is exact iff ‖x_i‖ is constant; on U[−1,1]^10, N = 125, ~12% of
+    context rows attend to the wrong token (docs/errata.md), and the model is then off."""
     x = torch.rand(200, 125, 10, generator=iclab.generator(0), dtype=F64) * 2 - 1
     rate = erasure_failure_rate(x)
     assert 0.10 < rate < 0.14, rate

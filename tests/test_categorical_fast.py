@@ -1,4 +1,4 @@
-"""The free CategoricalTransformer's fast path (models._categorical_fast, issue 19) computes the paper's function.
+"""The free CategoricalTransformer's fast path (models._categorical_fast) computes the paper's function.
 
 Reference: the token-level block of Wang et al. 2025, eq. (36)-(44), written out plainly below (both heads project every
 token with their full D×D matrices, softmax over the n context keys; cross-attention to W_e's columns; residuals;

@@ -77,8 +77,9 @@ def test_transform_is_gd_on_mapped_features() -> None:
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_squared_loss_reduction_is_seed000_functional_gd(kernel: str) -> None:
-    """App. G / spec §1.3: w_{e,y} → y and E(w_e)|_f → f give Cheng et al.'s FGD (eq. 9), coordinate by coordinate."""
+def test_squared_loss_reduction_is_cheng2024_functional_gd(kernel: str) -> None:
+    """App. G (§2.3, eq. 46-48): w_{e,y} → y and E(w_e)|_f → f give Cheng et al.'s FGD (eq. 9), coordinate by
+    coordinate."""
     ep = _episode(seed=2)
     W = ep.task["W_e"]
     steps = torch.tensor([0.3, 0.2, 0.25], dtype=F64)
@@ -107,7 +108,7 @@ def test_softmax_expectation() -> None:
 
 
 def test_shift_invariance_of_the_model() -> None:
-    """Eq. (1) and the GD iterates' probabilities are invariant to w_{e,c} → w_{e,c} + v (spec §1.1, claim 6)."""
+    """Eq. (1) and the GD iterates' probabilities are invariant to w_{e,c} → w_{e,c} + v (as softmax is)."""
     ep = _episode(seed=3)
     W = ep.task["W_e"]
     v = torch.randn(5, 1, generator=iclab.generator(4), dtype=F64)

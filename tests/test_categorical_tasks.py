@@ -135,8 +135,8 @@ def test_labels_follow_softmax_of_latent(name, request) -> None:
     torch.testing.assert_close(pq, log_probabilities(ep.task, ep.x_query[:, None]).exp()[:, 0], rtol=0, atol=1e-14)
 
 
-def test_bayes_rates_match_the_spec() -> None:
-    """Spec 004 §1.6 [derived]: §6.1 data with λ = 10 have Bayes rate 0.67–0.82 across W_e; App. F ≈ 0.545 < 0.6."""
+def test_bayes_rates_of_the_synthetic_data() -> None:
+    """Derived: §6.1 data with λ = 10 have Bayes rate 0.67–0.82 across W_e; App. F ≈ 0.545 < 0.6."""
     rbf_rates, quad_rates = [], []
     for s in range(4):
         r = RBFMixtureCategorical.draw(generator=iclab.generator(s)).bayes_rate(

@@ -25,7 +25,7 @@ def _fig4(losses: dict[tuple[str, str, int], float]) -> dict[str, object]:
     return {c.name: c for c in claims_fig4(Fig4Results(rows=rows), cfg)}
 
 
-#: the paper preset's reduced runs (sessions 14-15): K^linear at L = 3 after 3000 steps, K^exp after 500
+#: reduced runs of the paper preset (1 seed): K^linear at L = 3 after 3000 steps, K^exp after 500
 PAPERLIKE = {
     ("linear", "linear", 1): 0.314, ("linear", "exp", 1): 0.483, ("linear", "2-head", 1): 0.224,
     ("linear", "linear", 3): 0.00216, ("linear", "exp", 3): 0.0418, ("linear", "2-head", 3): 0.00270,

@@ -74,7 +74,7 @@ def test_run_config_validation() -> None:
         parse_run_config({"model": {"pattern": "dense"}})
 
 
-# ---- nested configs (issue 21): a card nests `train: TrainConfig` instead of copying its fields ----------------
+# ---- nested configs: a card nests `train: TrainConfig` instead of copying its fields -------------------------
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """A theorem is a float64 equality between two learners (STYLE item 11).
 
-Ahn, Cheng, Daneshmand, Sra 2023 (spec 002): Lemma 1 (eq. 8-9, with the Aᵀ of §2.2/§7.2), the
-GD++ algorithm of Thm 4 (eq. 11, §2.5), the one-layer construction of Thm 1 (eq. 6), the classical
+Ahn, Cheng, Daneshmand, Sra 2023: Lemma 1 (eq. 8-9, with the Aᵀ of docs/errata.md), the
+GD++ algorithm of Thm 4 (eq. 11, §5), the one-layer construction of Thm 1 (eq. 6), the classical
 baselines, and the model's P/Q patterns and trace.
 """
 
@@ -66,7 +66,7 @@ def test_lemma1_sparse_transformer_is_pgd(d: int, n: int, L: int, B: int, seed: 
 @FAST
 @given(d=st.integers(2, 6), L=st.integers(1, 4), seed=SEEDS)
 def test_lemma1_transposed_preconditioner_fails_by_order_one(d: int, L: int, seed: int) -> None:
-    """Pins the Aᵀ convention (spec 002 §2.2 FLAG): A_ℓ = Γ_ℓ as printed in the paper is not PGD(Γ)."""
+    """Pins the Aᵀ convention (docs/errata.md): A_ℓ = Γ_ℓ as printed in the paper is not PGD(Γ)."""
     ep, gammas = _episode(8, 10, d, seed), _nonsymmetric(L, d, seed)
     expected = algorithms.PGD(gammas).predict(ep)
     assert rel_diff(constructions.pgd(gammas.transpose(-1, -2)).predict(ep), expected) > 0.05

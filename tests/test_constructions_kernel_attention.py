@@ -1,4 +1,4 @@
-"""Kernel-attention constructions are functional GD (Cheng, Chen, Sra 2024; spec 000 §3, §6.1 claims 1-6, 21).
+"""Kernel-attention constructions are functional GD (Cheng, Chen, Sra 2024; Prop. 3.1, 3.4, D.1).
 
 Each test compares a construction with :mod:`iclab.algorithms.functional_gd` in float64 to 1e-10, at
 the query (``trajectory``: every layer ℓ) and on the demonstrations' label row (eq. 22:
@@ -93,7 +93,7 @@ def test_eq_10_tau_by_hand() -> None:
 
 
 def test_prop_3_1_float32() -> None:
-    """Spec claim 1: the float32 construction follows float64 FGD to 1e-5 (relative to the prediction)."""
+    """Prop. 3.1 in float32: the construction follows float64 FGD to 1e-5 (relative to the prediction)."""
     ep = _gp_episode(64, 14, 5, seed=2)
     steps = torch.full((4,), 0.05, dtype=F64)
     ref = algorithms.FunctionalGD("exp", steps).predict(ep)
@@ -156,7 +156,7 @@ def test_thm_4_6_stationary_point_is_fgd_plus_plus(kernel: str) -> None:
 
 @pytest.mark.parametrize("kernel", ["linear", "relu", "exp", "softmax"])
 def test_loss_at_S_points_does_not_see_sigma(kernel: str) -> None:
-    """Spec claim 21: at B = bΣ^{-1/2}, C = cΣ^{-1/2} the predictions equal the Σ = I model with
+    """At B = bΣ^{-1/2}, C = cΣ^{-1/2} the predictions equal the Σ = I model with
     B = bI, C = cI on the whitened covariates ξ = Σ^{-1/2}x (same draws)."""
     d = 5
     ep = _gp_episode(6, 10, d, seed=11)

@@ -35,6 +35,10 @@ def test_probe_cuts_every_run_and_projects_its_full_steps(tmp_path, monkeypatch)
     assert est.projected_seconds > est.wall_seconds
     assert all(r.fixed_seconds >= 0 and r.step_seconds >= 0 for r in est.runs)
     assert os.listdir(tmp_path) == []  # nothing kept (no runs/ directory)
+    # the projection holds for the machine and code probed: it carries their provenance
+    assert est.probe_runs is None and est.provenance is not None
+    d = est.to_dict()
+    assert d["provenance"]["machine"]["threads"] == est.threads and d["overrides"] == []
 
 
 def test_probe_runs_cap_trains_later_runs_one_step() -> None:
@@ -44,6 +48,7 @@ def test_probe_runs_cap_trains_later_runs_one_step() -> None:
     assert all(r.probed_steps == 1 for r in est.runs[1:])
     assert not est.runs[0].borrowed and all(r.borrowed for r in est.runs[1:])
     assert est.runs[1].step_seconds == pytest.approx(est.runs[0].step_seconds)
+    assert est.probe_runs == 1 and est.to_dict()["probe_runs"] == 1  # recorded: the rest borrowed its cost
 
 
 def test_runs_shorter_than_the_probe_run_in_full() -> None:

@@ -16,8 +16,8 @@ from iclab.reporting.report import write_report
 
 NAMES = list(all_experiments())
 
-#: Every claim's measured value at ``smoke``, recorded by scripts/freeze_smoke_claims.py before the experiments
-#: moved into one package per paper (issue 21): a refactor of the experiments layer must not change a result.
+#: Every claim's measured value at ``smoke``, recorded by scripts/freeze_smoke_claims.py: a refactor of the experiments
+#: layer must not change a result.
 FROZEN = json.loads((Path(__file__).parent / "data" / "smoke_claims.json").read_text())
 
 
@@ -38,8 +38,8 @@ def test_registry_is_populated() -> None:
 
 #: Cards whose training runs depend on earlier ones, so they go to ``RunContext.execute`` in more than one batch:
 #: {name: (most batches at smoke, None for one per run or chunk; why)}. Every other card submits its independent
-#: runs at once, so that ``--workers K`` and Ray keep every worker busy (wang2025.appf went one kernel and mode at a
-#: time until session 16: a 1-seed run used one worker of two).
+#: runs at once, so that ``--workers K`` and Ray keep every worker busy (a card that hands the pool one seed at a time
+#: leaves a worker of two idle).
 STAGED: dict[str, tuple[int | None, str]] = {
     "wang2025.gd_init": (2, "the Trained TFs start from the trained GD models"),
     "wang2025.language": (
@@ -75,10 +75,12 @@ def test_smoke_preset(name: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> N
     for c in res.claims:
         assert isinstance(c.passed, bool) and c.name and c.expected
         assert math.isfinite(float(c.measured))
-    frozen = FROZEN[name]
-    assert {c.name for c in res.claims} == set(frozen), "claim names change only with the fixture"
+    frozen = FROZEN.get(name)  # a new card has no frozen values yet: its claims are judged, not compared
+    if frozen is not None:
+        assert {c.name for c in res.claims} == set(frozen), "claim names change only with the fixture"
     for c in res.claims:
-        assert float(c.measured) == pytest.approx(frozen[c.name], rel=1e-5, abs=1e-6), c.name
+        if frozen is not None:
+            assert float(c.measured) == pytest.approx(frozen[c.name], rel=1e-5, abs=1e-6), c.name
         # honest smoke: checked at the real tolerance and passed, or reported not checked with the card's reason
         assert c.status in ("passed", "not checked"), f"{c.name} fails at smoke: {c}"
     saved = json.loads((res.out_dir / "claims.json").read_text())
@@ -130,7 +132,7 @@ def test_fig3_projection_onto_S_is_exact_on_S_and_lowers_an_off_S_loss() -> None
     task = LinearRegression.random_rotation(generator=generator(0))
     Sigma = task.Sigma.to(torch.float64)
     inv, eye = torch.linalg.inv(Sigma), torch.eye(5, dtype=torch.float64)
-    # the spec's S-optimum basin (code sign, 1/n scaling): a ≈ (−0.39, −3.21, −8.49), b with a_i b_i < 0
+    # near Thm 4's S-optimum (code sign, 1/n scaling): a ≈ (−0.39, −3.21, −8.49), b with a_i b_i < 0
     A = torch.stack([a * inv for a in (-0.39, -3.21, -8.49)])
     B = torch.stack([b * eye for b in (0.9, 0.57, 0.0)])
     cfg = Fig3Config(projection_samples=20_000)
@@ -144,7 +146,7 @@ def test_fig3_projection_onto_S_is_exact_on_S_and_lowers_an_off_S_loss() -> None
 
 def test_ahn2023_model_selection_keeps_the_best_recent_snapshot_on_validation() -> None:
     """Figs 6 and 7 evaluate, as the authors' notebooks do, the best of the last K parameter snapshots on a
-    validation batch (spec 002 §3.4): a blown-up final snapshot is passed over, and K = 1 keeps the final one."""
+    validation batch: a blown-up final snapshot is passed over, and K = 1 keeps the final one."""
     import torch
 
     from iclab.core.seeding import generator

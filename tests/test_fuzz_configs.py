@@ -1,5 +1,5 @@
 """Hostile configs and overrides: every experiment's config and the ``iclab train`` YAML either resolve or raise a
-ConfigError (IclabError) naming the problem, never another exception (issue 17). The corpus of inputs that once broke
+ConfigError (IclabError) naming the problem, never another exception. The corpus of inputs that once broke
 something, or might, is tests/data/hostile_inputs.yaml; hypothesis generates the rest."""
 
 from __future__ import annotations

@@ -125,7 +125,7 @@ def test_relu_labels_need_the_positive_part() -> None:
     expect = ep.task["K_plus"][:, 14, 14]
     se = float((var - expect).std()) / math.sqrt(var.numel())
     assert abs(float((var - expect).mean())) < 3 * se
-    assert float(expect.mean()) > 1.0  # E[K₊(n+1, n+1)] drifts above K = 1 (spec §1.3)
+    assert float(expect.mean()) > 1.0  # E[K₊(n+1, n+1)] drifts above K = 1 (K₊ is not K)
 
 
 def test_prior_variance_and_linear_weights() -> None:

@@ -1,4 +1,4 @@
-"""The generalized attention layer of Cheng, Chen, Sra 2024 (eq. 2-3, 26; spec 000 §2).
+"""The generalized attention layer of Cheng, Chen, Sra 2024 (eq. 2-3, 26).
 
 Every exactness check compares the model with a literal, column-orientation evaluation of the
 paper's formula Z + V Z M h̃(QZ, KZ) (the paper's layout, written independently of the model), or
@@ -205,7 +205,7 @@ def test_remark_e2_only_BtC_matters(act: str) -> None:
 
 
 def test_last_layer_A_has_no_effect_and_zero_gradient() -> None:
-    """Spec claim 9: the last layer's A only moves covariates nobody reads; ∂f/∂A_k ≡ 0 exactly."""
+    """The last layer's A only moves covariates nobody reads; ∂f/∂A_k ≡ 0 exactly."""
     ep = _episode(4, 6, 3, seed=16)
     model = _model(3, L=3, activations=("softmax",), seed=17)
     loss = (model.predict(ep) - ep.y_query).pow(2).mean()

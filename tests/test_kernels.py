@@ -49,7 +49,8 @@ def test_psd_kernels_have_psd_gram_matrices(name: str) -> None:
 
 
 def test_relu_kernel_is_indefinite() -> None:
-    """Spec claim 20: the relu Gram matrix of 15 points on S⁴ has a negative eigenvalue (every draw of 200)."""
+    """Why K₊ is formed before partitioning: the relu Gram matrix of 15 points on S⁴ has a negative eigenvalue
+    (every draw of 200)."""
     K = gram("relu", _sphere(200, 15, 5, seed=3), _sphere(200, 15, 5, seed=3))
     lam_min = torch.linalg.eigvalsh(K)[:, 0]
     assert bool((lam_min < -1e-3).all())

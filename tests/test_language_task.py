@@ -219,8 +219,8 @@ def test_bad_input_is_named(cache) -> None:
         )
 
 
-def test_language_parameter_counts_reproduce_the_spec() -> None:
-    """Spec 004 §2.4 table (V = 50258, d' = 512, H = 8, S = 256) and the Fig. 5 caption's 8K vs 6.3M."""
+def test_language_parameter_counts_reproduce_fig5() -> None:
+    """The authors' language models (V = 50258, d' = 512, H = 8, S = 256) and the Fig. 5 caption's 8K vs 6.3M."""
     c = language_parameter_counts()
     assert c["gd"]["total"] == 27_966_464
     assert c["gd_ff"]["total"] == 30_064_128

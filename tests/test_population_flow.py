@@ -23,7 +23,7 @@ from iclab.training import Trajectory, full_batch_gd, online_sgd, population_flo
 
 D, N = 4, 31
 SPEC_LAMBDA = (0.4, 0.3, 0.2, 0.1)  # Fig. 3: tr Λ = 1
-PLATEAUS = torch.tensor([1.0, 0.64058, 0.37737, 0.20980, 0.13600], dtype=F64)  # eq. (19), spec §4
+PLATEAUS = torch.tensor([1.0, 0.64058, 0.37737, 0.20980, 0.13600], dtype=F64)  # eq. (19), the dashed lines of Fig. 3a
 
 
 def _lambda(seed: int = 0) -> torch.Tensor:
@@ -195,7 +195,7 @@ def test_merged_converges_to_least_squares_loss() -> None:
 @pytest.mark.slow
 def test_separate_population_flow_visits_the_plateaus_of_eq19() -> None:
     """ATTN_S rank 1 (D = 4, H = 5, w_init = 0.05, 6 seeds batched, population GD): wherever the loss is
-    flat it sits on an L(M_m) of eq. (19) to 1e-4 (spec claim 1); each seed ends at L(M_D). Two heads
+    flat it sits on an L(M_m) of eq. (19) to 1e-4; each seed ends at L(M_D). Two heads
     can drop almost together and merge two drops for a seed (here seeds 0 and 1 skip one level each),
     so each level must be dwelt on by at least 4 of the 6 seeds, and each seed must dwell on >= 4 levels."""
     model = _model("separate", w_init=0.05, n_seeds=6, H=5, R=1)

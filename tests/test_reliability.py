@@ -1,4 +1,4 @@
-"""Faults injected into runs (issue 17, docs/reliability.md): damaged files, planted pickles, two writers, a full or
+"""Faults injected into runs (docs/reliability.md): damaged files, planted pickles, two writers, a full or
 read-only disk, oversized batches, divergence. Nothing is lost, nothing on disk is executed, no traceback."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""sun2025.linear_depth (spec 003 claim 8) and sun2025.order_ablation (claim 20) run at smoke and check their claims;
-the sun2025 configs reject bad values; every claim function passes on good synthetic rows and fails on bad ones."""
+"""sun2025.linear_depth (Prop. 1 at every depth) and sun2025.order_ablation (the Sec. 2.2 remark on the block order)
+run at smoke and check their claims; the sun2025 configs reject bad values; every claim function passes on good
+synthetic rows and fails on bad ones."""
 
 from __future__ import annotations
 
@@ -104,8 +105,8 @@ def test_affine_oracle_gap_of_the_zero_predictor_is_zero_loss_minus_floor() -> N
 
 
 def test_order_ablation_claims_check_the_depth_sandwich_and_the_floor() -> None:
-    """Claim 20 as the paper states it: FFN-first(L) <= attention-first(L) <= FFN-first(L − 1), each within the
-    slack; the spec's equal-depth ratio is reported, not judged."""
+    """The Sec. 2.2 remark as the paper states it: FFN-first(L) <= attention-first(L) <= FFN-first(L − 1), each within
+    the slack; the equal-depth ratio is reported, not judged."""
     cfg = OrderAblationConfig(seeds=1, n=50, blocks=(2,), test_ns=(50,), tol=OrderAblationTolerances(slack=1.1))
 
     def rows(ffn: float, attn: float, ffn_below: float = 8.0) -> OrderAblationResults:
@@ -264,12 +265,12 @@ FIG1_GOOD = {
 
 def _fig1_results(**changes: tuple[float, float, float]) -> Fig1Results:
     """Rows for FIG1_CFG; ``changes`` maps 'd3_L4' to new (short, at_n, se). Seed 1 sits 1e-5 above seed 0."""
-    spec = dict(FIG1_GOOD)
+    table = dict(FIG1_GOOD)
     for key, value in changes.items():
         d, model = key.split("_")
-        spec[(int(d[1:]), model)] = value
+        table[(int(d[1:]), model)] = value
     rows = []
-    for (d, model), (short, at_n, se) in spec.items():
+    for (d, model), (short, at_n, se) in table.items():
         for seed in range(FIG1_CFG.seeds):
             L = 0 if model == "linear" else int(model[1:])
             sub = torch.linspace(20.0, at_n, L + 1, dtype=torch.float64).unsqueeze(0)  # ℓ-block losses decrease in ℓ
@@ -294,12 +295,12 @@ def test_fig1_claims_pass_on_good_rows() -> None:
     ("changes", "fails"),
     [
         (dict(d3_linear=(10.0, 8.5, 0.1)), {"linear_tf_above_affine_floor_d3"}),  # below Prop. 1's floor 9
-        (dict(d3_L2=(50.0, 4.6, 0.01)), {"bilinear_below_linear_floor_d3"}),  # above 0.5 × 9 (claim 9)
+        (dict(d3_L2=(50.0, 4.6, 0.01)), {"bilinear_below_linear_floor_d3"}),  # above 0.5 × 9
         (dict(d4_L2=(60.0, 0.4, 0.01)), {"depth_helps_d4"}),  # L = 2 better than L = 4: a depth inversion
-        # one deep model above the bound fails claim 11 although the best one (L = 4) is below it
+        # one deep model above the bound fails the claim although the best one (L = 4) is below it
         (dict(d4_L2=(60.0, 2.5, 0.01)), {"deep_models_beat_single_block_bound_d4"}),
         (dict(d4_L1=(9.0, 2.1, 0.05)), {"single_block_above_bound_d4"}),  # one block below 2.298
-        (dict(d3_L4=(1.0, 5e-3, 1e-5)), {"converged_L4_d3"}),  # L = 4 not converged (claim 19)
+        (dict(d3_L4=(1.0, 5e-3, 1e-5)), {"converged_L4_d3"}),  # L = 4 not converged (Fig. 9)
         (dict(d3_L2=(0.5, 1.0, 0.01)), {"short_prompts_are_worse_d3"}),  # shorter prompts better
     ],
 )
@@ -370,7 +371,7 @@ def test_fig4_claims_check_both_halves_of_the_crossing() -> None:
 
 def test_an_exploding_bilinear_model_has_an_infinite_length_loss_not_nan() -> None:
     """The bilinear transformer is a polynomial: a nan error is an overflow (inf − inf in the stack), so the test-length
-    loss reports inf (the paper preset's 6-block models gave nan at n_test = 25 and failed claim 16 on it)."""
+    loss reports inf (the paper preset's 6-block models gave nan at n_test = 25 and failed short_prompts_are_worse on it)."""
     torch.manual_seed(0)
     model = BilinearTransformer(BilinearTransformerConfig(d=2, d_bar=7, n_blocks=4))
     with torch.no_grad():
@@ -385,9 +386,9 @@ def test_an_exploding_bilinear_model_has_an_infinite_length_loss_not_nan() -> No
 
 
 def test_fig4_claims_take_an_overflowed_short_prompt_loss_as_the_larger() -> None:
-    """The paper preset's 4-block models explode on prompts far below their training length (session 15: mean loss
-    inf in float64 at n_test = 25 for every n_train): inf counts as above any finite loss, both-inf moves the crossing
-    to the next test length shorter than both training lengths, and an inf on the wrong side fails."""
+    """The paper preset's 4-block models explode on prompts far below their training length (in a reduced run: mean
+    loss inf in float64 at n_test = 25 for every n_train): inf counts as above any finite loss, both-inf moves the
+    crossing to the next test length shorter than both training lengths, and an inf on the wrong side fails."""
     inf = math.inf
     cfg = Fig4Config(seeds=1, n_trains=(25, 100), test_ns=(5, 10, 25, 100))  # losses at n_test = 5, 10, 25, 100
     both_then_long = {25: (inf, 50.0, 8.0, 7.62), 100: (inf, inf, 20.0, 6.0)}

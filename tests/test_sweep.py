@@ -1,4 +1,4 @@
-"""Sweeps (issue 16): grid / zip / list axes and seeds over an experiment or a train config; each point is the run
+"""Sweeps: grid / zip / list axes and seeds over an experiment or a train config; each point is the run
 directory `iclab run` would use; the same table on every backend; failures and killed drivers lose nothing."""
 
 from __future__ import annotations

@@ -149,7 +149,9 @@ def test_abs_is_psd_squares_to_k_squared_and_commutes(N, B, seed, scale):
     A = scale * torch.randn(B, N, N, generator=generator(seed), dtype=F64)
     K = (A + A.transpose(-1, -2)) / 2
     _, Kp = symabs.abs_sample(K, torch.zeros(B, N, dtype=F64), engine="native")
-    assert torch.equal(Kp, Kp.transpose(-1, -2))
+    if symabs.native() is not None:  # the C kernel mirrors one triangle; torch's U|D|Uᵀ is symmetric to rounding
+        assert torch.equal(Kp, Kp.transpose(-1, -2))
+    assert _rel(Kp, Kp.transpose(-1, -2)) < 1e-14
     assert float(torch.linalg.eigvalsh(Kp).min()) >= -1e-12 * float(K.abs().max()) * N
     assert _rel(Kp @ Kp, K @ K) < 1e-10
     assert _rel(K @ Kp, Kp @ K) < 1e-10

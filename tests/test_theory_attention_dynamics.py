@@ -1,6 +1,6 @@
 """Theory of Zhang, Singh, Latham, Saxe 2025 (iclab.theory.attention_dynamics), each formula against an
 independent computation: Monte Carlo, autograd, scipy quadrature / ODE integration, matrix exponentials,
-and the reference numbers of spec 001 §4-5.0."""
+and reference numbers (the dashed lines of Fig. 3a, eq. 19, and independent numpy population GD)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def diag(spec: tuple[float, ...]) -> torch.Tensor:
     return torch.diag(torch.tensor(spec, dtype=F64))
 
 
-# --- reference numbers (spec 001 §4 "Numbers for the dashed lines", §5.0) ------------------------
+# --- reference numbers (the dashed lines of Fig. 3a and independent numpy population GD) ---------
 
 
 def test_plateau_levels_match_the_official_notebook() -> None:

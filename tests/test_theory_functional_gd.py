@@ -23,7 +23,7 @@ def _gp(kernel: str = "exp", *, batch: int = 6, n: int = 14, seed: int = 0, **kw
     return task.sample(batch, n, generator=iclab.generator(seed), dtype=F64)
 
 
-# --- Bayes risk (spec §3.5, §6.0) ----------------------------------------------------------------
+# --- Bayes risk (eq. 13; independent numpy Monte Carlo) ---------------------------------------------
 def test_linear_gp_bayes_risk_is_one_minus_n_over_d() -> None:
     assert [theory.linear_gp_bayes_risk(n, 5) for n in (0, 2, 4, 5, 14)] == pytest.approx(
         [1.0, 0.6, 0.2, 0.0, 0.0], abs=1e-15
@@ -38,8 +38,8 @@ def test_linear_gp_bayes_risk_is_one_minus_n_over_d() -> None:
 
 
 @pytest.mark.parametrize(("kernel", "n", "expect"), [("exp", 14, 0.587), ("relu", 14, 0.181), ("exp", 4, 1.444)])
-def test_bayes_risk_matches_the_spec_table(kernel: str, n: int, expect: float) -> None:
-    """Spec §6.0 (numpy MC over 20000 draws, ±1%): agree within 3 standard errors plus that 1%."""
+def test_bayes_risk_matches_an_independent_table(kernel: str, n: int, expect: float) -> None:
+    """An independent numpy MC (20000 draws, ±1%): agree within 3 standard errors plus that 1%."""
     task = tasks.GaussianProcess(kernel=kernel)
     mean, se = theory.bayes_risk(task, n, samples=4000, generator=iclab.generator(3))
     assert abs(mean - expect) < 3 * se + 0.01 * expect, (mean, se)
@@ -121,7 +121,7 @@ def test_gap_formula_matches_iterated_fgd() -> None:
 
 def test_prop_3_4_converges_for_steps_below_two_over_lambda_max() -> None:
     """δ = 1/λ_max, n = 14, exp kernel: the gap is < 1e-8 after 20000 steps and bounded by
-    ‖ν‖‖Ŷ‖ρ^L/λ_min (spec claim 6); at L = 100 it is still visible."""
+    ‖ν‖‖Ŷ‖ρ^L/λ_min (Prop. 3.4); at L = 100 it is still visible."""
     ep = _gp("exp", seed=11, n=14, batch=20)
     T = ep.task["Sigma_inv_sqrt"]
     K = algorithms.GaussianProcessPosterior("exp", transform=T).covariance(ep)
@@ -153,7 +153,7 @@ def test_prop_3_4_diverges_above_two_over_lambda_max_and_the_paper_condition_is_
 
 
 def test_linear_kernel_fgd_reaches_zero_loss_when_n_at_least_d() -> None:
-    """Spec claim 16 (linear part): noiseless linear GP, n >= d: FGD with δ = 1/λ_max has loss → 0 with depth
+    """Prop. 3.4 for the linear kernel: noiseless linear GP, n >= d: FGD with δ = 1/λ_max has loss → 0 with depth
     (K̂ singular: the null-space components of Ŷ and ν vanish, so the positive eigenvalues set the rate)."""
     ep = _gp("linear", seed=13, n=8, batch=50)
     lam = torch.linalg.eigvalsh(ep.x @ ep.task["Sigma_inv_sqrt"].T @ ep.task["Sigma_inv_sqrt"] @ ep.x.transpose(1, 2))
@@ -198,7 +198,7 @@ def test_stationary_point_family() -> None:
 
 @pytest.mark.parametrize("kernel", ["linear", "relu", "exp", "softmax"])
 def test_family_learner_is_sigma_free_and_remark_e2_invariant(kernel: str) -> None:
-    """Spec claim 21: the family's learner on x = Σ^{1/2}u equals the Σ = I learner on u (same draws); Remark
+    """The Thm 4.5 family's learner on x = Σ^{1/2}u equals the Σ = I learner on u (same draws); Remark
     E.2: (B, C) → (ΛᵀB, Λ⁻¹C) changes nothing; for exp, b c acts as an inverse bandwidth."""
     ep = _gp("exp", seed=15, n=9)
     Sigma = ep.task["Sigma"]

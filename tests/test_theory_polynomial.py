@@ -1,5 +1,5 @@
-"""Closed forms of spec 003 §3.8 (Sun, Jadbabaie, Azizan 2025: Lemma 3, Lemma 8, Thm 2, Prop. 1, Prop. 4, Thm 5),
-each checked against exact values and seeded float64 Monte Carlo (>= 1e5 prompts, 3σ)."""
+"""Closed forms of Sun, Jadbabaie, Azizan 2025 (Lemma 3, Lemma 8, Thm 2, Prop. 1, Prop. 4, Thm 5), each checked
+against exact values and seeded float64 Monte Carlo (>= 1e5 prompts, 3σ)."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_construction_loss_monte_carlo() -> None:
 
 @pytest.mark.slow
 def test_construction_loss_monte_carlo_d4() -> None:
-    """Claim 4 at the paper's d = 4 (spec §5.0): the Thm-2 construction's loss at n = 100 is K(4)/n = 874/100 within 3σ
+    """At the paper's d = 4: the Thm-2 construction's loss at n = 100 is K(4)/n = 874/100 within 3σ
     (1e5 float64 prompts), 51× the paper's ((d+2)(d+1)+d)/(2n) = 17/100."""
     d, n = 4, 100
     assert pf.construction_constant(d) == 874
@@ -100,7 +100,7 @@ def test_one_block_loss_monte_carlo_random_gamma() -> None:
 
 
 def test_optimal_gamma_is_optimal_and_matches_references() -> None:
-    """Γ* = −(S + Φ̄/n)⁻¹SΛ⁻¹: stationary, below every perturbation, 1.877 / 3.407 at n = 200 (spec §4.3)."""
+    """Γ* = −(S + Φ̄/n)⁻¹SΛ⁻¹: stationary, below every perturbation, 1.877 / 3.407 at n = 200."""
     assert pf.optimal_loss(200, pf.quadratic_stats(3)) == pytest.approx(1.877, abs=5e-4)
     assert pf.optimal_loss(200, pf.quadratic_stats(4)) == pytest.approx(3.407, abs=5e-4)
     st = pf.quadratic_stats(2)
@@ -123,7 +123,7 @@ def test_optimal_gamma_monte_carlo() -> None:
 
 
 def test_affine_floor_and_best_linear_block() -> None:
-    """Prop. 1: the best affine predictor leaves d(d+3)/2; the best (5)-sparse LSA at n = 200 (spec §3.1 table)."""
+    """Prop. 1: the best affine predictor leaves d(d+3)/2; the best (5)-sparse LSA at n = 200."""
     for d in range(1, 6):
         st = pf.feature_statistics(pf.linear_feature_polys(d), d)
         assert st.floor == pytest.approx(pf.affine_floor(d), rel=1e-12)
@@ -187,12 +187,12 @@ def test_prop4_counterexample_beats_the_printed_bound() -> None:
 
 
 def test_theorem5_bound_fails_at_moderate_n_and_corrected_bound_holds() -> None:
-    """Claim 13: ‖Γ* + Λ⁻¹‖_F (exact) vs the printed bound (spec §3.5 table) and n‖Γ* + Λ⁻¹‖_F bounded."""
+    """Thm 5: ‖Γ* + Λ⁻¹‖_F (exact) vs the printed bound and n‖Γ* + Λ⁻¹‖_F bounded."""
     table = {(3, 50): 1.268, (3, 100): 0.851, (3, 200): 0.518, (4, 50): 1.787, (4, 200): 0.776, (4, 10_000): 0.0211}
     for (d, n), ref in table.items():
         st = pf.quadratic_stats(d)
         dist = float(torch.linalg.matrix_norm(pf.optimal_gamma(n, st) + torch.linalg.inv(st.Lambda)))
-        assert dist == pytest.approx(ref, abs=6e-4)  # the spec rounds (1.2675 -> 1.268)
+        assert dist == pytest.approx(ref, abs=6e-4)  # the table is rounded (1.2675 -> 1.268)
         assert dist <= pf.corrected_theorem5_bound(d, n)
         if d == 4 and n <= 200:
             assert dist > pf.paper_theorem5_bound(d, n)

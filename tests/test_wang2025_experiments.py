@@ -1,4 +1,5 @@
-"""experiments.wang2025 (gd_init, fig2_rbf, the sweep claims, the set-up): the gd_init experiment (spec claim 20; §5, App. I eq. 57) and Fig. 2 with RBF attention.
+"""experiments.wang2025 (gd_init, fig2_rbf, the sweep claims, the set-up): the gd_init experiment (§5, App. I eq. 57)
+and Fig. 2 with RBF attention.
 
 The metric functions are checked on inputs whose answer is known: the exact GD form (rel. deviation 0, no leakage,
 no drift), hand-built x-blocks, and the identity part of the Q/K gradient against the GD model's derivative in its
@@ -216,7 +217,7 @@ def test_sweep_claims_check_the_match_only_from_the_papers_L() -> None:
 @pytest.mark.parametrize(
     ("kernel", "blocks", "mode", "data", "expected"),
     [
-        # spec 004 §4.0, learning-rate table (data_kernel high_dim) and the staircase rules
+        # the authors' learning-rate table (data_kernel high_dim) and the staircase rules
         ("softmax", 1, "free", "synthetic", (1e-3, None)),
         ("softmax", 2, "free", "synthetic", (5e-4, None)),  # "5e-4, no schedule"
         ("rbf", 2, "free", "synthetic", (1e-5, (500, 0.5))),
@@ -274,8 +275,9 @@ def test_paper_optimiser_and_setup_reject_bad_input() -> None:
 
 
 def test_run_train_config_is_the_papers_protocol() -> None:
-    """One model's TrainConfig (spec §4.0): 5000 epochs of minibatches of 512 over L contexts, AdamW β = (0.9, 0.98)
-    for the Trained TF at the table's lr, global-norm clip 1.0, the val/test metrics every 100 updates."""
+    """One model's TrainConfig (the authors' protocol): 5000 epochs of minibatches of 512 over L contexts, AdamW
+    β = (0.9, 0.98) for the Trained TF at the table's lr, global-norm clip 1.0, the val/test metrics every 100
+    updates."""
     spec = model_spec(CatSetup(), 1, "free")
     assert run_train_config(CatSetup(), spec, "free", 2048) == TrainConfig(
         steps=20000, batch_size=512, train_size=2048, optimizer="adamw", lr=1e-3, schedule="constant",
@@ -304,7 +306,7 @@ def test_fig4_right_runs_on_a_users_feature_file(tmp_path) -> None:
 
 def test_appf_form_claims_take_the_median_over_seeds() -> None:
     """App. F's AᵀB / E·D claims judge every seed's Trained TF (the median), so one seed's coupled f-coordinates
-    (session 15's seed 0: E·D 0.47 from a multiple of I) neither passes nor fails the figure alone."""
+    (one paper-preset seed: E·D 0.47 from a multiple of I) neither passes nor fails the figure alone."""
     from iclab.experiments.wang2025.appf import AppFConfig, AppFResults, GdForm, ProbabilityMaps
     from iclab.experiments.wang2025.appf import claims as claims_appf
 

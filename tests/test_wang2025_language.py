@@ -1,4 +1,4 @@
-"""experiments.wang2025.language: early stopping on the validation NLL (spec 004 §4.0) and the reported run."""
+"""experiments.wang2025.language: early stopping on the validation NLL (the authors' protocol) and the reported run."""
 
 from __future__ import annotations
 

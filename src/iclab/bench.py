@@ -2,13 +2,13 @@
 
 Throughput is reported against the *measured* float32 matmul peak (no hard-coded hardware
 numbers): FLOPs of a step are counted by ``torch.utils.flop_counter`` (matmul-family ops only,
-the FLOPs that matter here), the FLOP-bound time is FLOPs / peak.
+the FLOPs that matter here), the FLOP-bound time is FLOPs / peak. Every result file carries the
+:func:`~iclab.core.provenance.provenance` of its measurement (date, commit, CPU, threads, torch).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -20,8 +20,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from iclab.core.devices import resolve_device
 from iclab.core.io import atomic_write_json
+from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
-from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig, Pattern
 from iclab.tasks.linear_regression import AHN2023_SPECTRUM, LinearRegression
 from iclab.training.trainer import mse_loss
 
@@ -124,7 +125,7 @@ def stream_bandwidth(device: torch.device, *, mib: int = 256, repeats: int = 5) 
 def activation_traffic(*, batch: int, tokens: int, width: int, sublayers: int, itemsize: int = 4) -> int:
     """Bytes a training step of a residual token-wise stack must move for the model's own (B, T, D) tensors.
 
-    With A = batch · tokens · width · itemsize the size of one activation (41.8 MB for the seed-003 step), count
+    With A = batch · tokens · width · itemsize the size of one activation (41.8 MB for the step of Sun et al. 2025's 12-layer model), count
 
     * the prompt z_0 written once (its embedding): A;
     * per sub-layer, forward: read its input, write its output (2A); backward: read the output gradient, read the
@@ -192,7 +193,7 @@ def measure_step(
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
         loss().backward()
-        clip_gradients(params, clip, clip_mode)  # type: ignore[arg-type]
+        clip_gradients(params, clip, clip_mode)
         optimizer.step()
 
     with FlopCounterMode(display=False) as fc:
@@ -214,7 +215,7 @@ def training_step(
     n: int = 20,
     n_layers: int = 3,
     batch: int = 20_000,
-    pattern: str = "sparse",
+    pattern: Pattern = "sparse",
     device: torch.device,
     repeats: int = 10,
 ) -> dict[str, float]:
@@ -230,20 +231,22 @@ def training_step(
     task = LinearRegression.random_rotation(spectrum, generator=generator(0))
     model = LinearTransformer(
         LinearTransformerConfig(d=d, n_layers=n_layers, pattern=pattern), generator=generator(1)
-    ).to(device)  # type: ignore[arg-type]
+    ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ep = task.sample(batch, n, generator=generator(2, device))
     with torch.no_grad():  # the one-off cost of a new batch: its moments (a fresh Episode object has no memo)
         cold = timeit(lambda: model(dataclasses.replace(ep)), device=device, repeats=repeats)
         warm = timeit(lambda: model(ep), device=device, repeats=repeats)  # memoised on ``ep``
-    step = dict(clip=0.01, clip_mode="per_matrix", device=device, items=batch, per="samples", repeats=repeats)
-    out = measure_step(lambda: mse_loss(model, ep), opt, **step)  # type: ignore[arg-type]
+    step: dict[str, Any] = dict(
+        clip=0.01, clip_mode="per_matrix", device=device, items=batch, per="samples", repeats=repeats
+    )
+    out = measure_step(lambda: mse_loss(model, ep), opt, **step)
 
     def token_loss() -> torch.Tensor:
         assert ep.y_query is not None
         return (model.forward_tokens(ep) - ep.y_query).square().mean()
 
-    tokens = measure_step(token_loss, opt, **step)  # type: ignore[arg-type]
+    tokens = measure_step(token_loss, opt, **step)
     sample_sec = timeit(lambda: task.sample(batch, n, generator=generator(3, device)), device=device, repeats=repeats)
     return {
         **out,
@@ -275,7 +278,7 @@ def run_benchmarks(
     repeats = 3 if quick else 10
     peak = matmul_peak(dev, repeats=repeats)
     report: dict[str, Any] = {
-        "machine": f"{platform.machine()} {platform.processor() or ''} threads={torch.get_num_threads()} torch={torch.__version__} device={dev}",
+        "provenance": provenance(dev),
         "matmul_peak_gflops": round(peak, 1),
     }
     for pattern in ("sparse", "full"):

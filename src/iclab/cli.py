@@ -6,7 +6,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -14,6 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from iclab.core.errors import IclabError, OutputError
+
+if TYPE_CHECKING:  # the commands import what they need when they run (a fast `iclab --help`)
+    from iclab.experiments.backends import Backend
+    from iclab.experiments.runner import ExperimentResult
 
 app = typer.Typer(
     add_completion=False,
@@ -35,7 +39,7 @@ def _progress() -> Progress:
     )
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception) -> NoReturn:
     console.print(f"[red]error:[/red] {e}")
     raise typer.Exit(2) from e
 
@@ -94,7 +98,7 @@ CpusOpt = Annotated[float, typer.Option(help="CPUs (and torch threads) per task"
 GpusOpt = Annotated[float, typer.Option(help="ray: GPUs per task (its training runs on cuda)")]
 
 
-def _backend(backend: str, workers: int, address: str | None, cpus: float, gpus: float):  # type: ignore[no-untyped-def]
+def _backend(backend: str, workers: int, address: str | None, cpus: float, gpus: float) -> Backend:
     """The backend the options name (one local worker: in this process, as RunContext and run_sweep decide)."""
     from iclab.experiments.backends import make_backend
 
@@ -105,11 +109,11 @@ def _backend(backend: str, workers: int, address: str | None, cpus: float, gpus:
     return b
 
 
-def _print_claims(res: object) -> None:
-    table = Table(title=f"{res.experiment.name} [{res.preset}] {res.seconds:.1f}s{' (reused)' if res.reused else ''}")  # type: ignore[attr-defined]
+def _print_claims(res: ExperimentResult) -> None:
+    table = Table(title=f"{res.experiment.name} [{res.preset}] {res.seconds:.1f}s{' (reused)' if res.reused else ''}")
     for col in ("claim", "passed", "measured", "expected"):
         table.add_column(col)
-    for c in res.claims:  # type: ignore[attr-defined]
+    for c in res.claims:
         table.add_row(c.name, _STATUS[c.status], str(c.measured), c.expected)
     console.print(table)
 
@@ -284,7 +288,7 @@ def estimate(
         run_table = Table(title="training runs")
         for col in ("experiment", "run", "steps", "projected", "core-h"):
             run_table.add_column(col)
-        rows = []
+        rows: list[dict[str, Any]] = []
         for exp in exps:
             with console.status(f"probing {exp.name}"):
                 est = estimate_experiment(
@@ -418,6 +422,74 @@ def bench(
     for k, v in report.items():
         table.add_row(k, json.dumps(v) if not isinstance(v, str) else v)
     Console().print(table)
+
+
+#: the C kernels ``iclab doctor`` builds or loads, shape-specialised ones at a paper's shape:
+#: (what it runs, the import path of its module, the arguments of the module's ``native()``)
+DOCTOR_KERNELS = (
+    ("Cheng et al.'s kernel-attention stack", "iclab.models._kernel_fast", ()),
+    ("Wang et al.'s Trained TF softmax head", "iclab.models._categorical_fast", ()),
+    ("Sun et al.'s bilinear stack, d = 4", "iclab.models._bilinear_fast", (13, 5)),
+    ("Zhang et al.'s query row, d = 4", "iclab.models._query_fast", (5,)),
+    ("|K| and Cholesky label draws", "iclab.core.symabs", ()),
+)
+
+
+@app.command()
+def doctor(
+    prune: Annotated[
+        bool, typer.Option("--prune", help="remove built kernels unused for a while or past the cache's file limit")
+    ] = False,
+) -> None:
+    """Report the Python, torch, CPU and compiler, and build or load every C kernel: which run, and why any does not."""
+    import importlib
+    import os
+    import platform
+    import warnings
+
+    import torch
+
+    from iclab.core import native
+
+    info = Table(title="iclab doctor", show_header=False)
+    info.add_column("item")
+    info.add_column("value")
+    info.add_row("python", f"{platform.python_version()} ({sys.executable})")
+    info.add_row("torch", f"{torch.__version__}, {torch.get_num_threads()} threads")
+    flags = native.cpu_flags()
+    isa = ", ".join(f"{k} {'yes' if v else 'no'}" if v is not None else f"{k} ?" for k, v in flags.items())
+    info.add_row(
+        "CPU", f"{native.cpu_model()} ({platform.machine()}): {isa}; torch dispatches {native.cpu_capability()}"
+    )
+    cc = native.find_compiler()
+    info.add_row("C compiler", f"{cc} ({native.compiler_version(cc) or 'no version'})" if cc else "[red]none[/red]")
+    info.add_row("ICLAB_NATIVE", os.environ.get("ICLAB_NATIVE", "unset (kernels on)"))
+    with warnings.catch_warnings():  # the table below says what each warning would
+        warnings.simplefilter("ignore", native.NativeKernelWarning)
+        for _, module, args in DOCTOR_KERNELS:
+            importlib.import_module(module).native(*args)
+    kernels = Table(title="C kernels")
+    for col in ("kernel", "runs", "state", "vectors"):
+        kernels.add_column(col)
+    kernels.add_column("library in the cache, or why the torch code runs", overflow="fold")
+    used_for = {importlib.import_module(m)._SOURCE.name: what for what, m, _ in DOCTOR_KERNELS}
+    for r in native.records():
+        colour = "red" if r.status == "fallback" else "green"
+        detail = r.reason if r.path is None else "; ".join(filter(None, [r.path.name, r.reason]))
+        kernels.add_row(r.name, used_for.get(r.source.name, ""), f"[{colour}]{r.status}[/{colour}]", r.isa, detail)
+    folder = native.kernel_dir()
+    if prune:
+        native.prune(folder)
+    count, size = native.cache_usage(folder)
+    state = "" if os.access(folder, os.W_OK) else " (not writable)" if folder.exists() else " (not created yet)"
+    kept = f"at most {native.PRUNE_KEEP}, each used within {native.PRUNE_DAYS:g} days"
+    info.add_row(
+        "kernel cache",
+        f"{folder}{state}: {count} libraries ({kept}), {size / 2**20:.1f} MiB; {len(native.pruned())} pruned now",
+    )
+    out = Console()
+    out.print(info)
+    out.print(kernels)
 
 
 def main() -> None:  # pragma: no cover

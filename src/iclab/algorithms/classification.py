@@ -45,7 +45,7 @@ def accuracy(logits: Tensor, labels: Tensor) -> Tensor:
 
 
 def top_k_accuracy(logits: Tensor, labels: Tensor, k: int) -> Tensor:
-    """How often the label is among the k most probable classes (spec 004 §4.0: top-3; top-2 for images)."""
+    """How often the label is among the k most probable classes (the authors' code reports top-3; top-2 for images)."""
     _check_logits("top_k_accuracy", logits, labels)
     require("top_k_accuracy", "k", is_int(k, 1) and k <= logits.shape[1], "an int in [1, C]", k)
     top = logits.topk(k, dim=-1).indices  # (B, k)
@@ -61,8 +61,8 @@ def nll(logits: Tensor, labels: Tensor) -> Tensor:
 def probability_mse(logits: Tensor, p_true: Tensor) -> Tensor:
     """½ · mean over the batch of Σ_c (p̂_c − p_c)²: squared error of the predicted class probabilities.
 
-    The authors' code logs "MSE on category probabilities" (spec 004 §4.0); here it is summed over
-    classes (their exact reduction is not recoverable from the spec).
+    The authors' code logs "MSE on category probabilities"; here it is summed over classes
+    (their exact reduction is not recoverable from the code).
     """
     if logits.shape != p_true.shape:
         raise ShapeError(
@@ -135,7 +135,7 @@ class LinearProbe:
 
     Departure from the authors' probe (500 AdamW steps at lr 1e-3 from a small random init, no
     regularisation): we solve the regularised problem to ``tol``, so the result does not depend on an
-    optimiser budget; ``l2`` is the knob (docs/errata.md, seed 004 item 6).
+    optimiser budget; ``l2`` is the knob (docs/errata.md, Wang et al. 2025, item 6).
     """
 
     num_classes: int
@@ -157,6 +157,7 @@ class LinearProbe:
 
     def loss(self, theta: Tensor, episode: Episode) -> Tensor:
         """ℓ per episode, ``(B,)``, at parameters ``theta (B, d(+1), C)`` (bias in the last row)."""
+        assert episode.labels is not None  # a classification episode
         xt = self._design(episode.x)
         logp = torch.log_softmax(xt @ theta, -1)  # (B, n, C)
         data = -logp.gather(2, episode.labels.unsqueeze(-1)).squeeze(-1).mean(1)

@@ -89,16 +89,16 @@ class FunctionalGD:
     def __post_init__(self) -> None:
         name = type(self).__name__
         require(self, "step_sizes", self.step_sizes is not None, "a (L,) tensor of step sizes r'_ℓ", None)
-        object.__setattr__(self, "step_sizes", as_vector(name, "step_sizes", self.step_sizes))  # type: ignore[arg-type]
+        object.__setattr__(self, "step_sizes", as_vector(name, "step_sizes", self.step_sizes))  # type: ignore[arg-type]  # not None: required above
         object.__setattr__(self, "_kernel", as_kernel(name, self.kernel, self.sigma))
         require(self, "normalized", isinstance(self.normalized, bool), "a bool")
-        L = len(self.step_sizes)  # type: ignore[arg-type]
+        L = len(self.step_sizes)  # type: ignore[arg-type]  # a (L,) Tensor from here on
         _check_map(name, "transform", self.transform, L)
         _check_map(name, "target_transform", self.target_transform, L)
 
     @property
     def kernel_fn(self) -> Kernel | CompositeKernel:
-        return self._kernel  # type: ignore[attr-defined]
+        return self._kernel  # type: ignore[attr-defined]  # set by __post_init__ (frozen: object.__setattr__)
 
     @property
     def per_layer(self) -> bool:
@@ -138,7 +138,7 @@ class FunctionalGD:
         preconditioner).
         """
         n = sources.shape[1]
-        steps = (self.step_sizes if rates is None else rates).to(sources)  # type: ignore[union-attr]
+        steps = (self.step_sizes if rates is None else rates).to(sources)  # type: ignore[union-attr]  # a Tensor
         h = self.scores(sources, targets)  # (B, n, T)
         F = values.new_zeros(values.shape[0], targets.shape[1], values.shape[-1])  # (B, T, k) f_0 = 0
         states = [F]
@@ -222,7 +222,7 @@ class CategoricalFunctionalGD(FunctionalGD):
     * ``bias``: f = Aψ + b; GD on (A, b) replaces κ by κ + 1 (App. B eq. 13).
     * ``loss='squared'``: E(w_e)|_f → f, the Gaussian model of App. G eq. (46)-(48) with targets
       w_{e,y_i}; with d' = 1 and ``divide_by_n=False`` this is exactly :class:`FunctionalGD` on y_i =
-      W_e[0, y_i] (spec 004 §1.3).
+      W_e[0, y_i] (Wang et al. 2025, §2.3).
 
     ``predict`` returns the (B, C) logits W_eᵀ f_L(x_q).
     """
@@ -241,7 +241,7 @@ class CategoricalFunctionalGD(FunctionalGD):
             require(self, "embeddings", ok, "a float (d', C) matrix W_e or None", getattr(W, "shape", W))
             require(self, "embeddings", W.shape[1] >= 2, "a (d', C) matrix with C >= 2 classes", f"C = {W.shape[1]}")
         if self.preconditioner is not None:
-            P, L = self.preconditioner, len(self.step_sizes)  # type: ignore[arg-type]
+            P, L = self.preconditioner, len(self.step_sizes)  # type: ignore[arg-type]  # a Tensor by now
             ok = isinstance(P, Tensor) and (P.dim() == 1 or (P.dim() == 2 and P.shape[0] == L))
             require(self, "preconditioner", ok, f"a (d',) or ({L}, d') tensor or None", getattr(P, "shape", P))
         require(self, "divide_by_n", isinstance(self.divide_by_n, bool), "a bool")
@@ -283,7 +283,7 @@ class CategoricalFunctionalGD(FunctionalGD):
             pts.append(points.to(x))
         targets = torch.cat(pts, dim=1)  # (B, n+1+m, d)
         values = W.T[labels]  # (B, n, d') w_{e,y_i}
-        rates = self.step_sizes.to(x)  # type: ignore[union-attr]
+        rates = self.step_sizes.to(x)  # type: ignore[union-attr]  # a (L,) Tensor after __post_init__
         if self.divide_by_n:
             rates = rates / episode.n
         rates = rates.unsqueeze(-1)  # (L, 1)
@@ -342,8 +342,8 @@ class FunctionalGDPlusPlus:
         name = type(self).__name__
         require(self, "step_sizes", self.step_sizes is not None, "a (L,) tensor of step sizes r'_ℓ", None)
         require(self, "covariate_steps", self.covariate_steps is not None, "a (L,) tensor of covariate steps a_ℓ", None)
-        steps = as_vector(name, "step_sizes", self.step_sizes)  # type: ignore[arg-type]
-        cov = as_vector(name, "covariate_steps", self.covariate_steps)  # type: ignore[arg-type]
+        steps = as_vector(name, "step_sizes", self.step_sizes)  # type: ignore[arg-type]  # not None: required above
+        cov = as_vector(name, "covariate_steps", self.covariate_steps)  # type: ignore[arg-type]  # not None: required
         require(
             self,
             "covariate_steps",
@@ -370,8 +370,8 @@ class FunctionalGDPlusPlus:
         feats = torch.cat([x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d) X_0
         row = torch.cat([y, torch.zeros_like(y[:, :1])], dim=1)  # (B, n+1) Y_0
         preds = [-row[:, n]]
-        fgd: FunctionalGD = self._fgd  # type: ignore[attr-defined]
-        steps = zip(self.step_sizes.to(x), self.covariate_steps.to(x), strict=True)  # type: ignore[union-attr]
+        fgd: FunctionalGD = self._fgd  # type: ignore[attr-defined]  # set by __post_init__
+        steps = zip(self.step_sizes.to(x), self.covariate_steps.to(x), strict=True)  # type: ignore[union-attr]  # Tensors after __post_init__
         for ell, (r, a) in enumerate(steps):
             h = fgd.scores(feats[:, :n], feats, ell)  # (B, n, n+1) from X_ℓ
             row = row - r * torch.einsum("bi,bij->bj", row[:, :n], h)
@@ -418,7 +418,7 @@ class KernelRidge:
         x, y = _regression(type(self).__name__, episode)
         n = episode.n
         pts = _apply("KernelRidge", "transform", self.transform, torch.cat([x, episode.x_query.unsqueeze(1)], dim=1))
-        K = self._kernel(pts[:, :n], pts)  # type: ignore[attr-defined]  # (B, n, n+1)
+        K = self._kernel(pts[:, :n], pts)  # type: ignore[attr-defined]  # set by __post_init__; (B, n, n+1)
         eye = torch.eye(n, dtype=x.dtype, device=x.device)
         alpha = torch.linalg.solve(K[:, :, :n] + n * float(self.lam) * eye, y.unsqueeze(-1))  # (B, n, 1)
         return (K[:, :, n].unsqueeze(1) @ alpha).reshape(-1)
@@ -481,7 +481,7 @@ class GaussianProcessPosterior:
         pts = _apply(
             "GaussianProcessPosterior", "transform", self.transform, torch.cat([x, episode.x_query.unsqueeze(1)], dim=1)
         )
-        return positive_part(self._kernel(pts, pts))  # type: ignore[attr-defined]
+        return positive_part(self._kernel(pts, pts))  # type: ignore[attr-defined]  # set by __post_init__
 
     def _blocks(self, episode: Episode) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """K̂⁻¹ (pinv or jittered inverse applied later), ν, μ and K̂: the eq.-(13) partition."""
@@ -506,7 +506,7 @@ class GaussianProcessPosterior:
         return (nu.unsqueeze(1) @ self._solve(Khat, y.unsqueeze(-1))).reshape(-1)
 
     def posterior_variance(self, episode: Episode) -> Tensor:
-        """Var[y_q | context] = μ − νᵀK̂⁻¹ν, (B,): the Bayes risk of the prompt (spec 000 §3.5)."""
+        """Var[y_q | context] = μ − νᵀK̂⁻¹ν, (B,): the Bayes risk of the prompt (Cheng et al. 2024, eq. 13)."""
         _regression(type(self).__name__, episode)
         Khat, nu, mu, _ = self._blocks(episode)
         return mu - (nu.unsqueeze(1) @ self._solve(Khat, nu.unsqueeze(-1))).reshape(-1)

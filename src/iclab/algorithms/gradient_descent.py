@@ -94,7 +94,7 @@ class GDPlusPlus:
         x   ← (I − γ_ℓ Σ̂_ℓ Γ) x                    (every token, query included)
 
     It is the forward pass of the eq.-(11) transformer with A_ℓ = −η_ℓ Γ and B_ℓ = (γ_ℓ/η_ℓ) I
-    (spec 002 §2.5); with γ ≡ 0 it is PGD with preconditioners η_ℓ Γᵀ; Γ = I gives the GD++ of von
+    (Ahn et al. 2023, §5); with γ ≡ 0 it is PGD with preconditioners η_ℓ Γᵀ; Γ = I gives the GD++ of von
     Oswald et al. 2023 up to step sizes. ``preconditioner`` defaults to I.
     """
 

@@ -1,14 +1,14 @@
 """Weights that make the bilinear transformer implement kernel GD and block-coordinate descent.
 
-Sun, Jadbabaie, Azizan 2025, Thm 2 (App. C), Thm 6 / Thm 9 (App. G) and the Prop.-4 counterexample of
-spec 003 §3.4. Each function returns a :class:`~iclab.models.BilinearTransformer` in the dtype of its
-Γ; the tests check it against :mod:`iclab.algorithms.polynomial` in float64 to 1e-10.
+Sun, Jadbabaie, Azizan 2025, Thm 2 (App. C), Thm 6 / Thm 9 (App. G) and a counterexample to the bound of
+Prop. 4 (§3.3, App. E; docs/errata.md). Each function returns a :class:`~iclab.models.BilinearTransformer`
+in the dtype of its Γ; the tests check it against :mod:`iclab.algorithms.polynomial` in float64 to 1e-10.
 
 Convention: the paper's LSA with P = e_D e_Dᵀ, Q = [[Γ, 0], [0, 0]] adds (1/n) Σ_j y_j φ_jᵀ Γ φ_i to the
 label entry of token i (eq. 2, column i of P Z M Zᵀ Q Z). The query entry is therefore
 φ_qᵀ Γᵀ h with h = (1/n) Σ_j φ_j y_j, and +ŷ = −φ_qᵀ Γᵀ h: one GD step with preconditioner A = −Γᵀ
-(:class:`~iclab.algorithms.KernelGD`). Spec 003 §3.2 writes x̄_qᵀ Γ x̄_i, which is the same only for a
-symmetric Γ (Γ = −Λ⁻¹ is).
+(:class:`~iclab.algorithms.KernelGD`). Writing the step as x̄_qᵀ Γ x̄_i is the same only for a symmetric Γ
+(Γ = −Λ⁻¹ is).
 """
 
 from __future__ import annotations
@@ -133,14 +133,15 @@ def bcd_block_gram(d: int, ell: int = 1, dtype: torch.dtype = torch.float64) -> 
 
 
 def bcd_reference_gammas(d: int, n_blocks: int, dtype: torch.dtype = torch.float64) -> Tensor:
-    """(L, 2d+1, 2d+1): Γ^{(ℓ)} = −(population Gram of block ℓ)⁻¹, the choice behind spec 003 §3.6's table."""
+    """(L, 2d+1, 2d+1): Γ^{(ℓ)} = −(population Gram of block ℓ)⁻¹: block-coordinate descent, Thm 6 (§4.1)."""
     return torch.stack([-torch.linalg.inv(bcd_block_gram(d, ell, dtype)) for ell in range(1, n_blocks + 1)])
 
 
 def prop4_counterexample(dtype: torch.dtype = torch.float64) -> BilinearTransformer:
-    """Spec 003 §3.4: d = 1, d̄ = 2 (no scratch row). The FFN overwrites the constant with 1 + (x² − 1)/√2,
-    the LSA uses Γ = −diag(½, 1) = −Λ⁻¹ for the features (1 + (x²−1)/√2, x). Its loss tends to 2 − √2 ≈ 0.586
-    as n → ∞, below the bound C(3, 2) − d̃ = 1 that Prop. 4 prints for d̃ = 2."""
+    """A counterexample to the bound of Prop. 4 (Sun et al. 2025, §3.3): d = 1, d̄ = 2 (no scratch row). The FFN
+    overwrites the constant with 1 + (x² − 1)/√2, the LSA uses Γ = −diag(½, 1) = −Λ⁻¹ for the features
+    (1 + (x²−1)/√2, x). Its loss tends to 2 − √2 ≈ 0.586 as n → ∞, below the bound C(3, 2) − d̃ = 1 that Prop. 4
+    prints for d̃ = 2."""
     W0 = torch.tensor([[-1.0, 1.0], [0.0, 0.0]], dtype=dtype)  # row 0: x − 1
     W1 = torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=dtype) / math.sqrt(2)  # row 0: (x + 1)/√2
     cfg = BilinearTransformerConfig(d=1, d_bar=2, n_blocks=1, ffn="dense", init_std=0.0)

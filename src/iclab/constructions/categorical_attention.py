@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -33,6 +34,7 @@ from iclab.models.categorical_attention import (
     CategoricalTransformer,
     CategoricalTransformerConfig,
     SingleStepCategorical,
+    _FreeBlock,
 )
 
 
@@ -72,9 +74,9 @@ def categorical_gd(
         d_embed=dp,
         num_classes=C,
         n_blocks=alpha.shape[0],
-        kernel=kernel,  # type: ignore[arg-type]
+        kernel=kernel,  # type: ignore[arg-type]  # a str; CategoricalTransformerConfig checks the name
         mode="gd",
-        erasure=erasure,  # type: ignore[arg-type]
+        erasure=erasure,  # type: ignore[arg-type]  # a str; CategoricalTransformerConfig checks the name
         erasure_scale=erasure_scale,
         divide_by_n=divide_by_n,
         zero_last_class=False,
@@ -124,7 +126,7 @@ def gd_form(model: CategoricalTransformer) -> CategoricalTransformer:
     X, U, E, F = (slice(0, d), slice(d, d + dp), slice(d + dp, d + 2 * dp), slice(d + 2 * dp, D))
     eye_d, eye_p = torch.eye(d, dtype=dtype), torch.eye(dp, dtype=dtype)
     a, lam = float(model.scale), float(cfg.erasure_scale)
-    for k, blk in enumerate(free.blocks):
+    for k, blk in enumerate(cast("Sequence[_FreeBlock]", free.blocks)):
         for M in (blk.W_Q, blk.W_K, blk.W_V, blk.P, blk.W_Qc, blk.W_Kc, blk.W_Vc, blk.Pc):
             M.zero_()
         blk.W_Q[0, X, X] = a * eye_d  # head 1: κ(a x_i, a x_j)
@@ -162,7 +164,7 @@ def single_step(
     require(owner, "W_e", W_e.dim() == 2 and W_e.shape[1] >= 2, "a (d', C) matrix with C >= 2", tuple(W_e.shape))
     dp, C = W_e.shape
     alpha = torch.as_tensor(step_size, dtype=W_e.dtype).reshape(-1).expand(dp).clone()
-    base = CategoricalTransformerConfig(d=d, d_embed=dp, num_classes=C, n_blocks=1, kernel=kernel,  # type: ignore[arg-type]
+    base = CategoricalTransformerConfig(d=d, d_embed=dp, num_classes=C, n_blocks=1, kernel=kernel,  # type: ignore[arg-type]  # a str; the config checks it
                                         divide_by_n=divide_by_n, zero_last_class=False, embed_init_std=0.0)  # fmt: skip
     cfg = dataclasses.replace(base, mode="free", init_std=0.0) if free else base
     model = SingleStepCategorical(cfg).to(W_e.dtype)

@@ -22,13 +22,14 @@ model runs with the config's σ = 1 and heads may carry different bandwidths.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
 
 from iclab.algorithms.functional_gd import FunctionalGD, FunctionalGDPlusPlus
 from iclab.core.errors import require
-from iclab.core.kernels import CompositeKernel, Kernel
+from iclab.core.kernels import CompositeKernel, Kernel, KernelName
 from iclab.core.numerics import as_vector, sym_inv_sqrt
 from iclab.models.kernel_attention import KernelTransformer, KernelTransformerConfig
 
@@ -41,7 +42,7 @@ def _terms(owner: str, kernel: str | Kernel | CompositeKernel | Sequence[Kernel]
         require(
             owner, "kernel", kernel in HEAD_KERNELS, f"one of {HEAD_KERNELS}, a Kernel or a CompositeKernel", kernel
         )
-        return (Kernel(kernel, sigma=float(sigma)),)
+        return (Kernel(cast(KernelName, kernel), sigma=float(sigma)),)  # a head kernel: checked above
     if isinstance(kernel, Kernel):
         terms: tuple[Kernel, ...] = (kernel,)
     elif isinstance(kernel, CompositeKernel):
@@ -169,15 +170,15 @@ def stationary_point(
     bv, cv = per_layer("b", b), per_layer("c", c)
     W = sym_inv_sqrt(Sigma)
     B, C = bv[:, None, None] * W, cv[:, None, None] * W  # (L, d, d)
-    value = "label" if covariate_steps is None else "sparse"
+    value: Literal["label", "sparse"] = "label" if covariate_steps is None else "sparse"
     cfg = KernelTransformerConfig(d=d, n_layers=L, activations=(kernel,), value=value, sigma=sigma, init_std=0.0)
     model = KernelTransformer(cfg).to(dtype)
     blocks = dict(r=-r.to(dtype)[:, None], B=B, C=C)
-    name = "exp" if kernel == "softmax" else kernel
-    common = dict(sigma=sigma, normalized=kernel == "softmax", transform=B, target_transform=C)
+    name = cast(KernelName, "exp" if kernel == "softmax" else kernel)  # checked against acts above
+    common: dict[str, Any] = dict(sigma=sigma, normalized=kernel == "softmax", transform=B, target_transform=C)
     if covariate_steps is None:
         model.load_matrices(**blocks)
-        return model, FunctionalGD(name, r.to(dtype), **common)  # type: ignore[arg-type]
+        return model, FunctionalGD(name, r.to(dtype), **common)
     a = per_layer("covariate_steps", covariate_steps)
     model.load_matrices(A=a[:, None, None] * torch.eye(d, dtype=dtype), **blocks)
-    return model, FunctionalGDPlusPlus(name, r.to(dtype), a, **common)  # type: ignore[arg-type]
+    return model, FunctionalGDPlusPlus(name, r.to(dtype), a, **common)

@@ -88,5 +88,5 @@ def one_layer(preconditioner: Tensor, *, activation: str = "linear") -> LinearTr
     P[0, -1, -1] = 1.0
     Q = torch.zeros(1, d + 1, d + 1, dtype=g.dtype)
     Q[0, :d, :d] = -g
-    cfg = LinearTransformerConfig(d=d, n_layers=1, pattern="full", activation=activation, init_std=0.0)  # type: ignore[arg-type]
+    cfg = LinearTransformerConfig(d=d, n_layers=1, pattern="full", activation=activation, init_std=0.0)  # type: ignore[arg-type]  # activation: a str, checked by the config
     return _build(cfg, g.dtype, P=P, Q=Q)

@@ -23,7 +23,7 @@ import re
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, cast, get_args, get_origin
 
 import yaml
 
@@ -80,7 +80,7 @@ def _coerce(owner: str, name: str, tp: Any, value: Any) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a mapping; got {value!r}")
         return dict(value)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         return from_dict(tp, value, owner=where)
@@ -123,7 +123,7 @@ def from_dict(cls: type[T], data: dict[str, Any] | None, *, owner: str | None = 
         raise ConfigError(f"{owner} must be a mapping; got {data!r}")
     data = dict(data or {})
     fields = _fields(cls)
-    hints = _hints(cls)
+    hints = _hints(cast(type, cls))  # mypy does not see a type[T] as Hashable (functools.cache's argument)
     for key in data:
         if key not in fields:
             names = set(fields) | _nested_names(cls)
@@ -179,7 +179,7 @@ def nested_paths(cls: type, name: str, prefix: tuple[str, ...] = ()) -> list[tup
         if f.name == name:
             found.append(path)
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             found += nested_paths(tp, name, path)
     return found
 
@@ -269,7 +269,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
-def _yaml_problem(e: yaml.YAMLError) -> str:
+def _yaml_problem(e: Exception) -> str:
     return " ".join(str(getattr(e, "problem", None) or e).split())[:200]
 
 
@@ -279,7 +279,7 @@ def apply_overrides(
     """Return a copy of ``data`` with each ``key.sub=value`` applied (the key path need not exist:
     validation by :func:`from_dict` catches unknown keys). With ``cls``, a first key that is not a field of
     ``cls`` is routed to the one nested config that has it (:func:`route_shorthand`): ``lr=0.1`` -> ``train.lr``."""
-    out = json.loads(json.dumps(data))
+    out: dict[str, Any] = json.loads(json.dumps(data))
     for item in overrides:
         path, value = parse_override(item)
         if cls is not None and path[0] not in _fields(cls):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
-from torch._C._functorch import is_functorch_wrapped_tensor
 
 from iclab.core.errors import ShapeError, require_shape
+from iclab.core.private_torch import is_transformed
 
 T = TypeVar("T")
 
@@ -93,19 +93,20 @@ class Episode:
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Episode:
         """Move every tensor (task entries included); ``dtype`` applies to floating tensors only."""
 
-        def mv(t: Tensor | None) -> Tensor | None:
-            if t is None:
-                return None
+        def mv(t: Tensor) -> Tensor:
             return t.to(device=device, dtype=dtype if (dtype is not None and t.dtype.is_floating_point) else None)
+
+        def mv_opt(t: Tensor | None) -> Tensor | None:
+            return None if t is None else mv(t)
 
         return replace(
             self,
             x=mv(self.x),
             x_query=mv(self.x_query),
-            y=mv(self.y),
-            y_query=mv(self.y_query),
-            labels=mv(self.labels),
-            label_query=mv(self.label_query),
+            y=mv_opt(self.y),
+            y_query=mv_opt(self.y_query),
+            labels=mv_opt(self.labels),
+            label_query=mv_opt(self.label_query),
             task={k: mv(v) for k, v in self.task.items()},
         )
 
@@ -138,13 +139,13 @@ class Episode:
         ``torch.inference_mode`` (its tensors could not be used by a later training step).
         """
         tensors = [t for t in (self.x, self.x_query, self.y, self.labels) if t is not None]
-        if torch.is_inference_mode_enabled() or any(t.requires_grad or is_functorch_wrapped_tensor(t) for t in tensors):
+        if torch.is_inference_mode_enabled() or any(t.requires_grad for t in tensors) or is_transformed(*tensors):
             return compute(self)  # inference tensors could not enter a later autograd graph
         stamp = tuple(t._version for t in tensors)
         cache = self.__dict__.setdefault("_memo", {})  # not a field: no effect on ==, repr or replace()
         hit = cache.get(key)
         if hit is not None and hit[0] == stamp:
-            return hit[1]
+            return cast(T, hit[1])
         value = compute(self)
         cache[key] = (stamp, value)
         return value

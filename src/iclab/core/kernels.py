@@ -136,6 +136,8 @@ def positive_part(K: Tensor) -> Tensor:
     dropped. K₊ = K when K is PSD (up to rounding); K₊ is always PSD. ``K`` is symmetrised first.
     """
     require_shape("positive_part", "K", tuple(K.shape), (*K.shape[:-2], K.shape[-1], K.shape[-1]))
+    evals: Tensor
+    evecs: Tensor  # torch.linalg has no stubs: its functions return Any
     evals, evecs = torch.linalg.eigh((K + K.transpose(-1, -2)) / 2)
     return (evecs * evals.abs().unsqueeze(-2)) @ evecs.transpose(-1, -2)
 

@@ -33,18 +33,24 @@ def haar_orthogonal(
     """
     device = device if device is not None else generator.device
     g = torch.randn(d, d, generator=generator, dtype=dtype, device=device)
+    q: Tensor
+    r: Tensor  # torch.linalg has no stubs: its functions return Any
     q, r = torch.linalg.qr(g)
     return q * torch.sign(torch.diagonal(r)).unsqueeze(0)
 
 
 def sym_sqrt(m: Tensor) -> Tensor:
     """Symmetric square root of a symmetric PSD matrix (batched over leading axes)."""
+    evals: Tensor
+    evecs: Tensor
     evals, evecs = torch.linalg.eigh(m)
     return (evecs * evals.clamp_min(0).sqrt().unsqueeze(-2)) @ evecs.transpose(-1, -2)
 
 
 def sym_inv_sqrt(m: Tensor) -> Tensor:
     """Inverse symmetric square root of a symmetric positive-definite matrix."""
+    evals: Tensor
+    evecs: Tensor
     evals, evecs = torch.linalg.eigh(m)
     return (evecs * evals.rsqrt().unsqueeze(-2)) @ evecs.transpose(-1, -2)
 

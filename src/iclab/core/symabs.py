@@ -43,6 +43,8 @@ Engine = Literal["auto", "native", "torch"]
 ENGINES = ("auto", "native", "torch")
 
 _SOURCE = Path(__file__).with_name("_sym_abs.c")
+#: what runs slower by torch's eigh / cholesky_ex (docs/performance.md)
+COST = "Gaussian-process label draws 2.6-4.8× (|K|) and 6-7× (Cholesky) slower"
 _P, _I = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES = {
     "sa_nmax": ([], _I),
@@ -54,7 +56,7 @@ _SIGNATURES = {
 
 def native() -> ctypes.CDLL | None:
     """``_sym_abs.c`` compiled (:func:`iclab.core.native.load`, AVX-512 where the CPU has it), or None."""
-    return native_kernels.load(_SOURCE, _SIGNATURES, wide=WIDE)
+    return native_kernels.load(_SOURCE, _SIGNATURES, wide=WIDE, cost=COST)
 
 
 def abs_sample(K: Tensor, g: Tensor, *, with_abs: bool = True, engine: Engine = "auto") -> tuple[Tensor, Tensor | None]:
@@ -124,4 +126,4 @@ def _torch(K: Tensor, g: Tensor, with_abs: bool) -> tuple[Tensor, Tensor | None]
     y = torch.cat([p[0] for p in parts])
     if not with_abs:
         return y, None
-    return y, torch.cat([p[1] for p in parts])  # type: ignore[misc]
+    return y, torch.cat([p[1] for p in parts])  # type: ignore[misc]  # p[1] is a Tensor when with_abs

@@ -75,8 +75,11 @@ OnDone = Callable[[Outcome], None]
 
 class Backend(Protocol):
     name: str
-    #: processes that run tasks at once (1: the driver itself, tasks one after another)
-    parallelism: int
+
+    @property
+    def parallelism(self) -> int:
+        """Processes that run tasks at once (1: the driver itself, tasks one after another)."""
+        ...
 
     def map(
         self, fn: Callable[[Any], Any], items: Sequence[Any], *, labels: Sequence[str], on_done: OnDone | None = None

@@ -20,7 +20,8 @@ so the work outside training (data generation, evaluation, Monte Carlo, closed f
 guessed. Periodic evaluations and checkpoints inside a long run are counted only as far as the probe reaches them.
 An experiment whose analysis needs trained models may fail on the probe's untrained ones; the projection then covers
 the runs before the failure, is a lower bound, and says so (``error``). Nothing is written outside a temporary
-directory.
+directory. The estimate carries the probe's :func:`~iclab.core.provenance.provenance` (date, commit, machine,
+threads): a projection holds for the machine and the code that were probed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import torch
 from iclab.core.devices import resolve_device
 from iclab.core.errors import ConfigError, CorruptFileError, require_int
 from iclab.core.io import safe_torch_load
+from iclab.core.provenance import provenance
 from iclab.experiments.registry import RunContext, RunProbe, get
 from iclab.experiments.runner import resolve_config
 from iclab.experiments.sweep import Point, SweepSpec, resolve_point
@@ -52,6 +54,9 @@ class Estimate:
     runs: tuple[RunProbe, ...]
     error: str | None = None  # the experiment's analysis failed on the probe's models after these runs
     threads: int = 1  # torch threads the probe ran with: a core-hour is an hour of one of them
+    probe_runs: int | None = None  # runs probed before the rest borrow their step cost (None: every run)
+    overrides: tuple[str, ...] = ()  # config overrides of the probe (e.g. a smaller test batch)
+    provenance: dict[str, Any] | None = None  # iclab.core.provenance.provenance() of the probe
 
     @property
     def core_hours(self) -> float:
@@ -89,6 +94,9 @@ class Estimate:
             "complete": self.complete,
             "error": self.error,
             "threads": self.threads,
+            "probe_runs": self.probe_runs,
+            "overrides": list(self.overrides),
+            "provenance": self.provenance,
             "core_hours": round(self.core_hours, 4),
             "longest_run_seconds": round(self.longest_run_seconds, 1),
             "runs": [
@@ -124,6 +132,7 @@ def estimate_experiment(
     exp = get(name)
     cfg = resolve_config(exp, preset, overrides, seeds)
     dev = resolve_device(device)
+    prov = provenance(dev)  # taken before the probe: its load average is the machine's as the probe starts
     error = None
     with tempfile.TemporaryDirectory(prefix="iclab-estimate-") as tmp:
         ctx = RunContext(
@@ -146,7 +155,18 @@ def estimate_experiment(
                 exp.plot(results, cfg, Path(tmp))
                 exp.claims(results, cfg)
         wall = time.perf_counter() - t0
-    return Estimate(exp.name, preset, probe_steps, wall, tuple(ctx.probes), error, torch.get_num_threads())
+    return Estimate(
+        exp.name,
+        preset,
+        probe_steps,
+        wall,
+        tuple(ctx.probes),
+        error,
+        torch.get_num_threads(),
+        probe_runs if any(p.borrowed for p in ctx.probes) else None,
+        tuple(overrides),
+        prov,
+    )
 
 
 def format_seconds(seconds: float) -> str:

@@ -1,10 +1,15 @@
 """Experiment specs: one per paper figure or table, with presets and claims.
 
-    SPEC = Experiment(name="ahn2023.fig1", config=Fig1Config, presets={...}, run=..., plot=..., claims=...)
-    register(SPEC)
+A card is a module ``iclab.experiments.<paper>.<figure>`` that defines its config, ``run``, ``plot`` and ``claims``
+and ends with one call:
 
-A preset is a dict of overrides of the config's defaults; ``smoke`` runs in seconds (CI runs it
-for every experiment), ``quick`` in minutes on a 2-core CPU, ``paper`` with the paper's settings.
+    CARD = card(Fig1Config, "Fig. 1-2: ...", smoke=SMOKE_PRESET, quick=QUICK_PRESET)
+
+which takes the name from the module path (``ahn2023.fig1``), ``run``/``plot``/``claims`` from the module and the
+description from the module docstring's first paragraph. A preset is a dict of overrides of the config's defaults;
+``smoke`` runs in seconds (CI runs it for every experiment), ``quick`` in minutes on a 2-core CPU, ``paper`` with the
+paper's settings (the config's defaults unless given). Cards outside this package register the same way and are
+found through the ``iclab.cards`` entry-point group (each entry names a module or package of cards).
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ class ClaimResult:
     expected: str
     detail: str = ""
     checked: bool = True
+    #: why a ``smoke`` run cannot judge this claim ("" : it can); :func:`iclab.experiments.runner.judge` reports it
+    #: as not checked there with this reason, never as passed by a loose tolerance
+    smoke_reason: str = field(default="", compare=False)
 
     @property
     def status(self) -> str:
@@ -87,11 +95,13 @@ def check(
     hi: float | None = None,
     detail: str = "",
     allow_inf: bool = False,
+    smoke: str = "",
 ) -> ClaimResult:
     """A numeric claim: ``measured`` within rtol/atol of ``expected``, and/or in [lo, hi].
 
     A measurement that is not finite fails, unless ``allow_inf``: then ±inf is a measurement judged by the bounds
-    (a loss whose mean overflowed float64 has exploded, and ``inf >= lo`` holds); nan fails always.
+    (a loss whose mean overflowed float64 has exploded, and ``inf >= lo`` holds); nan fails always. ``smoke``: why
+    the ``smoke`` preset's few steps cannot judge it (reported there as not checked with this reason).
     """
     ok, parts = True, []
     m = float(measured)
@@ -106,7 +116,7 @@ def check(
         ok &= m <= hi
         parts.append(f"<= {hi:.4g}")
     ok &= not math.isnan(m) and (allow_inf or math.isfinite(m))
-    return ClaimResult(name, bool(ok), round(m, 6), ", ".join(parts), detail)
+    return ClaimResult(name, bool(ok), round(m, 6), ", ".join(parts), detail, smoke_reason=smoke)
 
 
 @dataclass(frozen=True)
@@ -268,8 +278,6 @@ class Experiment:
     claims: Callable[[Any, Any], list[ClaimResult]]  # results, config -> claims
     description: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
-    #: claim name -> why it is not judged at ``smoke`` (reported as "not checked", never as passed)
-    smoke_unchecked: dict[str, str] = field(default_factory=dict)
     #: the card's module (set by :func:`register` to the module that registers it)
     module: str = ""
 
@@ -279,6 +287,60 @@ class Experiment:
 
 
 _REGISTRY: dict[str, Experiment] = {}
+_CARD_ROOT = "iclab.experiments."
+
+
+def _first_paragraph(doc: str | None) -> str:
+    return " ".join((doc or "").strip().split("\n\n", 1)[0].split())
+
+
+def card(
+    config: type,
+    title: str,
+    *,
+    smoke: dict[str, Any],
+    quick: dict[str, Any],
+    paper: dict[str, Any] | None = None,
+    run: Callable[[Any, RunContext], Any] | None = None,
+    plot: Callable[[Any, Any, Path], list[Path]] | None = None,
+    claims: Callable[[Any, Any], list[ClaimResult]] | None = None,
+    name: str | None = None,
+    description: str | None = None,
+    tags: tuple[str, ...] = (),
+) -> Experiment:
+    """Register the calling module as a reproduction card and return its :class:`Experiment`.
+
+    The name is the module path below ``iclab.experiments`` (``iclab.experiments.ahn2023.fig1`` ->
+    ``ahn2023.fig1``; a card elsewhere: its last two components); ``run``, ``plot`` and ``claims`` default to the
+    module's functions of those names, ``description`` to its docstring's first paragraph and ``paper`` to the
+    config's defaults (a config's defaults are the paper's settings).
+    """
+    module = sys._getframe(1).f_globals
+    modname = str(module.get("__name__", ""))
+    if name is None:
+        name = modname.removeprefix(_CARD_ROOT) if modname.startswith(_CARD_ROOT) else ".".join(modname.split(".")[-2:])
+
+    def own(value: Any, attr: str) -> Any:
+        if value is not None:
+            return value
+        if not callable(module.get(attr)):
+            raise ConfigError(f"card {name!r} must define {attr}() in its module or pass {attr}=")
+        return module[attr]
+
+    return register(
+        Experiment(
+            name=name,
+            title=title,
+            config=config,
+            presets={"smoke": smoke, "quick": quick, "paper": {} if paper is None else paper},
+            run=own(run, "run"),
+            plot=own(plot, "plot"),
+            claims=own(claims, "claims"),
+            description=_first_paragraph(module.get("__doc__")) if description is None else description,
+            tags=tags,
+            module=modname,
+        )
+    )
 
 
 def register(exp: Experiment) -> Experiment:
@@ -295,18 +357,36 @@ def register(exp: Experiment) -> Experiment:
 
 
 _INFRASTRUCTURE = {"registry", "runner", "estimate", "backends", "sweep"}
+ENTRY_POINT_GROUP = "iclab.cards"
+#: the packages whose modules hold cards (and so the dataclasses a run directory's results may hold)
+CARD_PACKAGES: set[str] = {"iclab.experiments"}
+
+
+def load_cards(package: str) -> None:
+    """Import ``package`` and, if it is a package, every public module below it (each card registers itself)."""
+    import importlib
+    import pkgutil
+
+    mod = importlib.import_module(package)
+    CARD_PACKAGES.add(package)
+    for info in pkgutil.walk_packages(getattr(mod, "__path__", []), prefix=f"{package}."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            importlib.import_module(info.name)
 
 
 def _load_all() -> None:
-    """Import every paper module in ``iclab.experiments`` (each registers its specs on import)."""
-    import importlib
+    """Import every paper package in ``iclab.experiments`` and every package named in the ``iclab.cards`` entry
+    points, with all their public modules (a new card needs no edit outside its own file)."""
     import pkgutil
+    from importlib.metadata import entry_points
 
     import iclab.experiments as pkg
 
     for info in pkgutil.iter_modules(pkg.__path__):
         if info.name not in _INFRASTRUCTURE and not info.name.startswith("_"):
-            importlib.import_module(f"iclab.experiments.{info.name}")
+            load_cards(f"iclab.experiments.{info.name}")
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        load_cards(ep.value)
 
 
 def all_experiments() -> dict[str, Experiment]:

@@ -38,7 +38,15 @@ from iclab.core.io import (
     safe_torch_load,
 )
 from iclab.experiments.backends import Backend, RayBackend
-from iclab.experiments.registry import PRESETS, ClaimResult, Experiment, RunContext, all_experiments, get
+from iclab.experiments.registry import (
+    CARD_PACKAGES,
+    PRESETS,
+    ClaimResult,
+    Experiment,
+    RunContext,
+    all_experiments,
+    get,
+)
 
 log = logging.getLogger("iclab")
 
@@ -83,14 +91,10 @@ def resolve_config(
 
 
 def judge(exp: Experiment, preset: str, claims: list[ClaimResult]) -> list[ClaimResult]:
-    """At ``smoke``, report the claims the card lists in ``smoke_unchecked`` as not checked, with its reason."""
+    """At ``smoke``, report the claims that carry a ``smoke_reason`` as not checked, with that reason."""
     if preset != "smoke":
         return claims
-    names = {c.name for c in claims}
-    unknown = sorted(set(exp.smoke_unchecked) - names)
-    if unknown:
-        raise ConfigError(f"{exp.name}.smoke_unchecked names claims it does not make: {unknown}")
-    return [c.not_checked(exp.smoke_unchecked[c.name]) if c.name in exp.smoke_unchecked else c for c in claims]
+    return [c.not_checked(c.smoke_reason) if c.smoke_reason and c.checked else c for c in claims]
 
 
 def run_experiment(
@@ -192,12 +196,14 @@ def _run_locked(
 
 def results_types() -> list[type]:
     """The classes a ``results.pt`` may hold besides tensors and containers: the plain-data dataclasses defined in the
-    experiment modules (results, rows, configs). Nothing else is unpickled from a run directory."""
+    experiment modules and in the card packages of ``iclab.cards`` entry points (results, rows, configs). Nothing else
+    is unpickled from a run directory."""
     all_experiments()  # imports every card
+    prefixes = tuple(f"{p}." for p in CARD_PACKAGES)
     return [
         obj
         for mod_name, mod in list(sys.modules.items())
-        if mod_name.startswith("iclab.experiments.") and mod is not None
+        if mod_name.startswith(prefixes) and mod is not None
         for obj in vars(mod).values()
         if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == mod_name
     ]

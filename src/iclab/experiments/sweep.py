@@ -21,6 +21,7 @@ backend (:mod:`iclab.experiments.backends`); a failing point is recorded and the
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import itertools
 import math
@@ -58,14 +59,14 @@ class SweepSpec:
     metrics: tuple[str, ...] | None = None  # the metrics the figures show (default: every numeric one)
 
     @property
-    def keys(self) -> list[str]:
+    def keys(self) -> builtins.list[str]:
         """The swept keys, in the order of the spec (seed last)."""
         keys = [*self.grid, *self.zip]
         for entry in self.list:
             keys += [k for k in entry if k not in keys]
         return keys
 
-    def points(self) -> list[Point]:
+    def points(self) -> builtins.list[Point]:
         """Every point: grid × zip × list × seeds."""
         grid = [dict(zip(self.grid, vals, strict=True)) for vals in itertools.product(*self.grid.values())]
         zipped = [dict(zip(self.zip, vals, strict=True)) for vals in zip(*self.zip.values(), strict=True)] or [{}]

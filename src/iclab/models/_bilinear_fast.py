@@ -1,12 +1,12 @@
 """The fast path of :class:`~iclab.models.BilinearTransformer`: the whole stack as one autograd node.
 
 On a CPU with a C compiler the node is :class:`_NativeStack`, the C kernel ``_bilinear.c`` (prompts in vector lanes,
-the backward run inside the forward for a unit output gradient; docs/performance.md, seed 003, session 12); elsewhere,
+the backward run inside the forward for a unit output gradient; docs/performance.md, Sun et al. 2025); elsewhere,
 or with ``ICLAB_NATIVE=0``, the torch code below, which computes the same numbers.
 
 A step of the bilinear transformer (Sun, Jadbabaie, Azizan 2025, eq. (2)-(3)) is products with one 13-wide side
-over B·T tokens, so it runs at the rate the BLAS reaches on those shapes (docs/performance.md, seed 003). Layer by
-layer, every (B, T, D) activation also goes to memory and back; here chunks of ``CHUNK`` prompts go through all
+over B·T tokens, so it runs at the rate the BLAS reaches on those shapes (docs/performance.md, Sun et al. 2025). Layer
+by layer, every (B, T, D) activation also goes to memory and back; here chunks of ``CHUNK`` prompts go through all
 sub-layers while they are in cache, and the backward is written by hand:
 
 * **Tokens batch-last.** A chunk is kept as z (D, c, T): the token entries are contiguous planes, so the FFN is one
@@ -37,8 +37,9 @@ from __future__ import annotations
 import ctypes
 import itertools
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -59,6 +60,8 @@ MAX_DIM = 24  # token widths the C kernel is built for (one build per width, unr
 #: build with AVX-512 where the CPU has it (16 float32 lanes); False: AVX2 (8), as on a CPU without it
 WIDE = True
 _SOURCE = Path(__file__).with_name("_bilinear.c")
+#: what runs slower by the torch code (docs/performance.md: 439 against 97.5 ms a 12-layer step at batch 4000)
+COST = "a BilinearTransformer training step about 4.5× slower"
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 _SIGNATURES = native_kernels.per_real(
     lambda _: {
@@ -74,7 +77,7 @@ _SIGNATURES = native_kernels.per_real(
 def native(dim: int, live: int) -> ctypes.CDLL | None:
     """``_bilinear.c`` compiled for tokens ``dim`` wide whose first ``live`` entries are live in the prompt
     (:func:`iclab.core.native.load`); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": dim, "LIVE": live}, wide=WIDE)
+    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": dim, "LIVE": live}, wide=WIDE, cost=COST)
 
 
 def _transfer(G: Tensor, P: Tensor, Q: Tensor, n: int) -> Tensor:
@@ -115,6 +118,12 @@ class _Plan:
         return not (self.kinds[i] == "attn" and self.kinds[i - 1] == "ffn")
 
 
+def _kept(t: Tensor | None) -> Tensor:
+    """A buffer of a :class:`_Plan` that exists where it is read (``save`` on, a sub-layer of the right kind)."""
+    assert t is not None
+    return t
+
+
 def _ffn_out(z: Tensor, ba: Tensor, db: int) -> Tensor:
     """u = z + [a ⊙ b; 0] for z (D, c, T) and [b; a] (2d̄, c, T)."""
     u = torch.empty_like(z)
@@ -131,8 +140,8 @@ def _forward_chunk(plan: _Plan, z0: Tensor, s: int, save: bool) -> Tensor:
     for i, kind in enumerate(plan.kinds):
         if kind == "ffn":
             k, out = plan.k[i], plan.ba[i]
-            ba = out[:, s : s + c] if save else z.new_empty(2 * db, c, plan.T)
-            torch.mm(plan.Wc[i], z[:k].reshape(k, -1), out=ba.reshape(2 * db, -1))  # [b; a]
+            ba = _kept(out)[:, s : s + c] if save else z.new_empty(2 * db, c, plan.T)
+            torch.mm(_kept(plan.Wc[i]), z[:k].reshape(k, -1), out=ba.reshape(2 * db, -1))  # [b; a]
             z = _ffn_out(z, ba, db)
             continue
         P, Q = plan.weights[i]
@@ -140,13 +149,13 @@ def _forward_chunk(plan: _Plan, z0: Tensor, s: int, save: bool) -> Tensor:
         G = torch.bmm(zp[:, :, :n], zp[:, :, :n].transpose(1, 2))  # (c, D, D)
         R = _transfer(G, P, Q, n)
         if save:
-            plan.G[i][s : s + c] = G
-            plan.R[i][s : s + c] = R
+            _kept(plan.G[i])[s : s + c] = G
+            _kept(plan.R[i])[s : s + c] = R
         if i == L - 1:
             return (R[:, -1] * zp[:, :, -1]).sum(-1)  # (R z_query)[label]
         zn = torch.bmm(R, zp).permute(1, 0, 2)  # (D, c, T)
         if save and plan.z[i + 1] is not None:
-            z = plan.z[i + 1][:, s : s + c]
+            z = _kept(plan.z[i + 1])[:, s : s + c]
             z.copy_(zn)
         else:
             z = zn.contiguous()
@@ -157,9 +166,10 @@ def _input(plan: _Plan, i: int, z0: Tensor, s: int, c: int) -> Tensor:
     """Sub-layer i's input (D, c, T) for the chunk: kept, or rebuilt (the prompt; an FFN's output from its input)."""
     if i == 0:
         return z0.permute(2, 0, 1).contiguous()
-    if plan.z[i] is not None:
-        return plan.z[i][:, s : s + c]
-    return _ffn_out(_input(plan, i - 1, z0, s, c), plan.ba[i - 1][:, s : s + c], plan.db)
+    kept = plan.z[i]
+    if kept is not None:
+        return kept[:, s : s + c]
+    return _ffn_out(_input(plan, i - 1, z0, s, c), _kept(plan.ba[i - 1])[:, s : s + c], plan.db)
 
 
 def _backward_chunk(plan: _Plan, z0: Tensor, grad: Tensor, s: int) -> list[Tensor | None]:
@@ -172,19 +182,19 @@ def _backward_chunk(plan: _Plan, z0: Tensor, grad: Tensor, s: int) -> list[Tenso
         P, Q = plan.weights[i]
         if plan.kinds[i] == "ffn":
             z = _input(plan, i, z0, s, c)
-            ba, k = plan.ba[i][:, s : s + c], plan.k[i]
+            ba, k = _kept(plan.ba[i])[:, s : s + c], plan.k[i]
             assert g is not None
             d_ab = torch.empty_like(ba)  # [g⊙b; g⊙a] = [∂a; ∂b]
             torch.mul(g[:db], ba[:db], out=d_ab[:db])
             torch.mul(g[:db], ba[db:], out=d_ab[db:])
             flat = d_ab.reshape(2 * db, -1)
             out[i] = (z[:k].reshape(k, -1) @ flat.T).T  # (2d̄, k): [∂W_0; ∂W_1] on the live inputs (faster than NT)
-            if i > 0:
-                g[:db].reshape(db, -1).addmm_(plan.Wd[i], flat)  # dz[:d̄] += [W_0ᵀ W_1ᵀ][∂a; ∂b]; the label passes
+            if i > 0:  # dz[:d̄] += [W_0ᵀ W_1ᵀ][∂a; ∂b]; the label passes
+                g[:db].reshape(db, -1).addmm_(_kept(plan.Wd[i]), flat)
             continue
         u = _input(plan, i, z0, s, c)
         up = u.permute(1, 0, 2)  # (c, D, T)
-        R, dR = plan.R[i][s : s + c], plan.dR[i][s : s + c]
+        R, dR = _kept(plan.R[i])[s : s + c], _kept(plan.dR[i])[s : s + c]
         if i == L - 1:  # only (R z_query)[label] is read
             dR.zero_()
             torch.mul(grad.unsqueeze(-1), up[:, :, -1], out=dR[:, -1])
@@ -202,6 +212,7 @@ def _backward_chunk(plan: _Plan, z0: Tensor, grad: Tensor, s: int) -> list[Tenso
             du[:, :, -1] = grad.unsqueeze(-1) * R[:, -1]  # Rᵀ g_query, g_query = grad · e_label
         else:
             du[:, :, -1] = 0.0  # the query is not a source
+            assert g is not None
             du.baddbmm_(R.transpose(1, 2), g.permute(1, 0, 2))  # + Rᵀ g_j
         g = du.permute(1, 0, 2).contiguous()
     return out
@@ -209,7 +220,7 @@ def _backward_chunk(plan: _Plan, z0: Tensor, grad: Tensor, s: int) -> list[Tenso
 
 class _Stack(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, z0: Tensor, meta: tuple[Any, ...], *flat: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, z0: Tensor, meta: tuple[Any, ...], *flat: Tensor) -> Tensor:
         kinds, n, live, chunk, save = meta
         with torch.no_grad():
             plan = _Plan(z0, kinds, flat, n, live, save)
@@ -221,7 +232,7 @@ class _Stack(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         plan, chunk = ctx.plan, ctx.chunk
         (z0,) = ctx.saved_tensors
         starts = range(0, z0.shape[0], chunk)
@@ -237,7 +248,7 @@ class _Stack(torch.autograd.Function):
                 grads += [torch.zeros_like(P), torch.zeros_like(Q)]
             elif plan.kinds[i] == "ffn":
                 dW = torch.zeros(2 * db, db, dtype=z0.dtype, device=z0.device)
-                dW[:, : plan.k[i]] = torch.stack([p[i] for p in parts]).sum(0)  # type: ignore[misc]
+                dW[:, : plan.k[i]] = torch.stack([_kept(p[i]) for p in parts]).sum(0)
                 grads += [dW[:db], dW[db:]]
             else:  # R = I + Σ_h P_h G Q_h / n, G symmetric: dP_h = Σ_b dR_b (G_b Q_h)ᵀ / n, dQ_h = Σ_b (G_b P_hᵀ) dR_b / n
                 G, dR = plan.G[i], plan.dR[i]
@@ -256,7 +267,7 @@ class _NativeStack(torch.autograd.Function):
     its own gradient sums, added in order: the same numbers on any thread count."""
 
     @staticmethod
-    def forward(ctx: Any, z0: Tensor, meta: tuple[Any, ...], *flat: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, z0: Tensor, meta: tuple[Any, ...], *flat: Tensor) -> Tensor:
         kinds, n, live, _chunk, save = meta
         L = max(i for i, k in enumerate(kinds) if k == "attn") + 1
         used = flat[: 2 * L]
@@ -275,7 +286,7 @@ class _NativeStack(torch.autograd.Function):
         jacobian = save and sum(groups) * wts.numel() * z0.element_size() <= JACOBIAN_BYTES
         J = [z0.new_empty(g * wts.numel()) for g in groups] if jacobian else None
         out = z0.new_empty(B)
-        fwd = getattr(lib, f"bl_jacobian_{tag}" if jacobian else f"bl_forward_{tag}")
+        fwd: Callable[..., int] = getattr(lib, f"bl_jacobian_{tag}" if jacobian else f"bl_forward_{tag}")
 
         def run(p: int) -> int:
             s, e = bounds[p]
@@ -290,7 +301,7 @@ class _NativeStack(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         z0, wts, *flat = ctx.saved_tensors
         _codes, off, J = ctx.keep
         lib = native(z0.shape[-1], ctx.live)
@@ -347,5 +358,5 @@ def bilinear_stack(
     flat = [w for _, a, b in sublayers for w in (a, b)]
     save = torch.is_grad_enabled() and any(w.requires_grad for w in flat)  # no grad: nothing is kept
     meta = (kinds, n, live, CHUNK if chunk is None else chunk, save)
-    node = _NativeStack if "attn" in kinds and _uses_native(z0, live) else _Stack
-    return node.apply(z0, meta, *flat)
+    node: type[torch.autograd.Function] = _NativeStack if "attn" in kinds and _uses_native(z0, live) else _Stack
+    return cast(Tensor, node.apply(z0, meta, *flat))  # Function.apply is unannotated

@@ -28,7 +28,9 @@ docs/performance.md.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -49,13 +51,39 @@ ALIGN = 8
 #: be built (:mod:`iclab.core.native`); environment ``ICLAB_NATIVE=0`` or False here: always the torch code
 NATIVE = native_kernels.ENABLED
 _SOURCE = Path(__file__).with_name("_kv_softmax.c")
+#: what runs slower by the torch code (docs/performance.md: 1.1-1.55× the C kernel's head)
+COST = "the Trained TF's first softmax head up to 1.5× slower"
 _P, _I = ctypes.c_void_p, ctypes.c_int
-_SIGNATURES = {"kv_softmax_forward": ([_I] * 4 + [_P] * 5, _I), "kv_softmax_backward": ([_I] * 6 + [_P] * 7, _I)}
+_SIGNATURES: dict[str, native_kernels.Signature] = {
+    "kv_softmax_forward": ([_I] * 4 + [_P] * 5, _I),
+    "kv_softmax_backward": ([_I] * 6 + [_P] * 7, _I),
+}
+
+
+class BlockWeights(Protocol):
+    """The weights of one free block (``categorical_attention._FreeBlock``), paper orientation: self-attention
+    W_Q, W_K, W_V, P (2, D, D), cross-attention W_Q^c (d', D), W_K^c (d', d'), W_V^c (D, d'), P^c (D, D)."""
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    P: Tensor
+    W_Qc: Tensor
+    W_Kc: Tensor
+    W_Vc: Tensor
+    Pc: Tensor
 
 
 def native() -> ctypes.CDLL | None:
     """The compiled ``_kv_softmax.c`` (:func:`iclab.core.native.load`); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES)
+    return native_kernels.load(_SOURCE, _SIGNATURES, cost=COST)
+
+
+def _lib() -> ctypes.CDLL:
+    """:func:`native` where :func:`_uses_native` said it is built."""
+    lib = native()
+    assert lib is not None
+    return lib
 
 
 def _uses_native(q: Tensor) -> bool:
@@ -63,7 +91,7 @@ def _uses_native(q: Tensor) -> bool:
     return NATIVE and ok and native() is not None
 
 
-def _split(fn, B: int, *args: object, threads: int | None = None) -> None:
+def _split(fn: Callable[..., int], B: int, *args: object, threads: int | None = None) -> None:
     """fn(b0, b1, *args) over [0, B) in ``threads`` (default: torch's) contiguous slices, one per thread of
     :func:`~iclab.core.threads.map_on_threads` (ctypes releases the GIL); tensors are passed as pointers."""
     k = max(1, min(torch.get_num_threads() if threads is None else threads, B))
@@ -85,7 +113,7 @@ class _SharedKVSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, x: Tensor, u: Tensor) -> Tensor:
+    def forward(ctx: Any, q: Tensor, x: Tensor, u: Tensor) -> Tensor:
         q = q.contiguous()
         B, M, R = q.shape
         n, rx, ru = x.shape[1], x.shape[-1], u.shape[-1]
@@ -95,7 +123,7 @@ class _SharedKVSoftmax(torch.autograd.Function):
         ctx.widths, ctx.native = (rx, ru), _uses_native(q)
         if ctx.native:  # kept: the weights exp(score − max) in 16-aligned rows (B, M, np) and 1 / their sums (B, M)
             p, inv = (q.new_empty(B, M, -(-n // 16) * 16), q.new_empty(B, M)) if keep else (None, None)
-            _split(native().kv_softmax_forward, B, M, n, q, s, p, inv, o)
+            _split(_lib().kv_softmax_forward, B, M, n, q, s, p, inv, o)
         else:  # kept: the probabilities (B, M, n)
             p, inv = q.new_empty(B, M, n) if keep else None, None
             _torch_forward(q, s, p, o)
@@ -104,7 +132,7 @@ class _SharedKVSoftmax(torch.autograd.Function):
         return o
 
     @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         q, s, p, inv = ctx.saved_tensors
         rx, ru = ctx.widths
         need_q, need_x, need_u = ctx.needs_input_grad
@@ -116,7 +144,7 @@ class _SharedKVSoftmax(torch.autograd.Function):
         ds_t = q.new_empty(B, width, n) if need_x or need_u else None  # (B, w, n): dsᵀ of those columns
         if ctx.native:
             w = width if ds_t is not None else 0
-            _split(native().kv_softmax_backward, B, M, n, cols.start, w, q, s, p, inv, g, dq, ds_t)
+            _split(_lib().kv_softmax_backward, B, M, n, cols.start, w, q, s, p, inv, g, dq, ds_t)
         else:
             _torch_backward(q, s, p, g, dq, ds_t, cols)
         if ds_t is None:
@@ -157,10 +185,10 @@ def _torch_backward(q: Tensor, s: Tensor, p: Tensor, g: Tensor, dq: Tensor | Non
 def shared_kv_softmax(q: Tensor, x: Tensor, u: Tensor) -> Tensor:
     """Σ_i softmax_i(q_jᵀ s_i) s_i with s_i = [x_i; u_i; 0] (keys = values): q (B, M, R), x (B, n, rx), u (B, n, ru)
     -> (B, M, R), R ≥ rx + ru, q's last R − rx − ru columns 0 (their outputs are 0). See :class:`_SharedKVSoftmax`."""
-    return _SharedKVSoftmax.apply(q, x, u)
+    return cast(Tensor, _SharedKVSoftmax.apply(q, x, u))  # Function.apply is unannotated
 
 
-def _cross(blk: nn.Module, W: Tensor, zt: Tensor) -> Tensor:
+def _cross(blk: BlockWeights, W: Tensor, zt: Tensor) -> Tensor:
     """zt + P^c Σ_c softmax_c((W_K^c w_{e,c})ᵀ W_Q^c ẽ_j) W_V^c w_{e,c} (eq. 38-44); W (d', C), zt (B, T, D).
 
     Both matrix chains are folded into (D, C) and (C, D) matrices: two products per token, none with a d'-wide side
@@ -171,7 +199,7 @@ def _cross(blk: nn.Module, W: Tensor, zt: Tensor) -> Tensor:
     return torch.addmm(flat, torch.softmax(flat @ logits, dim=-1), values).view(zt.shape)
 
 
-def first_block(blk: nn.Module, W: Tensor, x: Tensor, U: Tensor, n: int, *, last: bool) -> Tensor:
+def first_block(blk: BlockWeights, W: Tensor, x: Tensor, U: Tensor, n: int, *, last: bool) -> Tensor:
     """The first free block on the tokens (x; U; w̄_e; 0) of eq. (4)/(23): (B, T, D), or the m = T − n query tokens
     only (B, m, D) when ``last``. ``blk`` holds the block's weights (paper orientation), W = W_e (d', C), x (B, T, d),
     U (B, T, d') (any rows: the query's is 0). The keys and values are the r-wide s_i = (x_i; u_i), see the module
@@ -200,7 +228,7 @@ def first_block(blk: nn.Module, W: Tensor, x: Tensor, U: Tensor, n: int, *, last
     return _cross(blk, W, zt).view(B, Tt, -1)
 
 
-def query_block(blk: nn.Module, W: Tensor, z: Tensor, n: int) -> Tensor:
+def query_block(blk: BlockWeights, W: Tensor, z: Tensor, n: int) -> Tensor:
     """A free block evaluated at the m = T − n query tokens only: z (B, T, D) -> (B, m, D). Scores e_iᵀ(A_h e_q),
     outputs V_h Σ_i p_iq e_i: the context tokens are never projected (see the module docstring)."""
     B, T, D = z.shape

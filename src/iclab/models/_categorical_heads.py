@@ -3,14 +3,16 @@ over the context keys, the erasure head's weights, softmax cross-attention to W_
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import Tensor
 
-from iclab.core.kernels import gram
+from iclab.core.kernels import KernelName, gram
 
 
 def kernel_head(
-    kernel: str,
+    kernel: KernelName,
     keys: Tensor,
     queries: Tensor,
     values: Tensor,
@@ -50,11 +52,11 @@ class _Weigh(torch.autograd.Function):
         return (values.mT.contiguous() @ weights.mT).mT
 
     @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
         ctx.save_for_backward(*inputs)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
         weights, values = ctx.saved_tensors
         g_w = grad @ values.mT if ctx.needs_input_grad[0] else None  # (B, T, n) row-major
         g_v = (grad.mT.contiguous() @ weights).mT if ctx.needs_input_grad[1] else None  # (B, n, k)
@@ -67,16 +69,16 @@ def weigh(weights: Tensor, values: Tensor) -> Tensor:
     once (not twice)."""
     if values.shape[-1] > THIN_VALUES:
         return weights @ values
-    return _Weigh.apply(weights, values)
+    return cast(Tensor, _Weigh.apply(weights, values))  # Function.apply is unannotated
 
 
-def head_weights(kernel: str, keys: Tensor, queries: Tensor) -> Tensor:
+def head_weights(kernel: KernelName, keys: Tensor, queries: Tensor) -> Tensor:
     """κ(k_i, q_j) as (B, T, n), target-major: ``gram``'s (B, n, T) transposed (for softmax a free view, since
     ``gram`` normalises along contiguous memory), so that w @ values and its backward read rows."""
-    return gram(kernel, keys, queries).transpose(1, 2)  # type: ignore[arg-type]
+    return gram(kernel, keys, queries).transpose(1, 2)
 
 
-def erasure_weights(kind: str, keys: Tensor, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
+def erasure_weights(kind: str | None, keys: Tensor, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """Weights of the erasure head: (context weights (B, n, T), self weights (B, T)).
 
     ``keys``/``queries`` (B, T, ·) are W_K e and W_Q e of every token. Target j attends to the n context
@@ -112,7 +114,7 @@ def _diagonal(self_score: Tensor, n: int, T: int) -> Tensor:
 
 def erasure_failure_rate(x: Tensor) -> float:
     """Fraction of context rows j with argmax_i x_jᵀx_i ≠ j (i over the context): where the dot-product softmax
-    erasure of the paper concentrates on the wrong token as λ → ∞ (spec 004 §2.2: ≈ 9.6% on U[−1,1]^10, N = 125;
+    erasure of the paper concentrates on the wrong token as λ → ∞ (≈ 12% on U[−1,1]^10, N = 125, docs/errata.md;
     0 when ‖x_i‖ is constant). ``x`` (B, n, d)."""
     inner = x @ x.transpose(1, 2)  # (B, n, n)
     arg = inner.argmax(1)  # (B, n) for each target j

@@ -30,8 +30,9 @@ value pattern; docs/performance.md has the timings beside the authors' code.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -56,6 +57,8 @@ KEEP = False
 JACOBIAN_BYTES = 1 << 28
 ACT_CODES = {"linear": 0, "relu": 1, "exp": 2, "softmax": 3}
 _SOURCE = Path(__file__).with_name("_kernel_attn.c")
+#: what runs slower by the torch code (docs/performance.md: 102 against 24 ms a step at Cheng et al.'s batch)
+COST = "a KernelTransformer training step about 4× slower"
 _P, _I = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES = native_kernels.per_real(
     lambda R: {
@@ -71,7 +74,7 @@ _SIGNATURES = native_kernels.per_real(
 
 def native() -> ctypes.CDLL | None:
     """The compiled ``_kernel_attn.c`` (:func:`iclab.core.native.load`); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES, wide=WIDE)
+    return native_kernels.load(_SOURCE, _SIGNATURES, wide=WIDE, cost=COST)
 
 
 def _scores(g: Tensor, xs: Tensor) -> Tensor:
@@ -165,7 +168,7 @@ class _Stack(torch.autograd.Function):
         return torch.cat([c[0] for c in done])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         K, A, r = ctx.saved_tensors
         n, acts, scale, _cap, chunk, has_A, _grad = ctx.meta
         A_ = A if has_A else None
@@ -181,7 +184,7 @@ class _Stack(torch.autograd.Function):
         parts = map_on_threads(run, range(len(ctx.chunks)), grad.is_cuda)
         ctx.chunks = None
         gK = torch.stack([p[0] for p in parts]).sum(0)
-        gA = torch.stack([p[1] for p in parts]).sum(0) if has_A else None  # type: ignore[misc]
+        gA = torch.stack([p[1] for p in parts]).sum(0) if has_A else None  # type: ignore[misc]  # p[1] is a Tensor when has_A
         gr = torch.stack([p[2] for p in parts]).sum(0)
         return None, None, None, gK, gA, gr, None
 
@@ -267,7 +270,7 @@ def _backward_chunk(
                 if gin is not None:
                     gin[d, :n] += (P * gw.unsqueeze(1)).sum(0)
             else:
-                gA[layer, h] += scale * _outer(gz[:d], u[:d])  # type: ignore[index]
+                gA[layer, h] += scale * _outer(gz[:d], u[:d])  # type: ignore[index]  # gA exists when A does
                 gr[layer, h] += scale * torch.dot(gz[d].flatten(), u[d].flatten())
                 gu = torch.empty_like(u)
                 torch.mm(A[layer, h].T * scale, gz[:d].reshape(d, -1), out=gu[:d].view(d, -1))
@@ -306,13 +309,15 @@ class _NativeStack(torch.autograd.Function):
         L, H, d = K.shape[:3]
         codes = torch.tensor([ACT_CODES[a] for a in acts], dtype=torch.int32)
         tag = "f32" if x.dtype == torch.float32 else "f64"
-        forward, kept = getattr(lib, f"ka_forward_{tag}"), getattr(lib, f"ka_kept_{tag}")
+        forward: Callable[..., int] = getattr(lib, f"ka_forward_{tag}")
+        kept = getattr(lib, f"ka_kept_{tag}")
         bounds = [(s, min(s + chunk, x.shape[0])) for s in range(0, x.shape[0], chunk)]
         out = x.new_empty(x.shape[0])
         lanes = getattr(lib, f"ka_lanes_{tag}")()
         nw = 2 * L * H * d * d + L * H
         groups = [-(-(e - s) // lanes) * lanes for s, e in bounds]
         jacobian = grad and sum(groups) * nw * x.element_size() <= JACOBIAN_BYTES
+        states: list[Tensor | None]
         if jacobian:
             forward, states = getattr(lib, f"ka_jacobian_{tag}"), [x.new_empty(g * nw) for g in groups]
         else:
@@ -332,7 +337,7 @@ class _NativeStack(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         x, y, xq, K, A, r = ctx.saved_tensors
         has_A = ctx.meta[-2]
         backward, grad = getattr(native(), f"ka_backward_{ctx.tag}"), grad.contiguous()
@@ -401,5 +406,5 @@ def kernel_stack(
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (K, A, r))
     meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None, grad)
     A_arg = A if A is not None else K.new_zeros(0)
-    node = _NativeStack if _uses_native(x, n) else _Stack
-    return node.apply(x, y, x_query, K, A_arg, r, meta)
+    node: type[torch.autograd.Function] = _NativeStack if _uses_native(x, n) else _Stack
+    return cast(Tensor, node.apply(x, y, x_query, K, A_arg, r, meta))  # Function.apply is unannotated

@@ -19,6 +19,7 @@ the timings.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,8 @@ import torch
 from torch import Tensor
 
 from iclab.core import native as native_kernels
+from iclab.core.private_torch import is_transformed
 from iclab.core.threads import map_on_threads, split_evenly
-from iclab.models.attention_core import is_transformed
 
 #: run the query row of softmax/ReLU layers by ``_query_attn.c`` where it can be built; ``ICLAB_NATIVE=0`` or False:
 #: the torch code
@@ -41,6 +42,8 @@ ACT_CODES = {"relu": 1, "softmax": 3}
 MAX_DIM, MMAX = 16, 1024  # token widths a library is built for (one per width), the most sources
 
 _SOURCE = Path(__file__).with_name("_query_attn.c")
+#: what runs slower by the torch code (docs/performance.md: 477 against 99 ms a Zhang et al. Fig. 5 step)
+COST = "a softmax/ReLU query-row layer step about 4-5× slower"
 _P, _I = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES = native_kernels.per_real(
     lambda R: {
@@ -54,7 +57,7 @@ _SIGNATURES = native_kernels.per_real(
 def native(width: int) -> ctypes.CDLL | None:
     """``_query_attn.c`` compiled for tokens ``width`` wide (:func:`iclab.core.native.load`, ``-DDIM=width``, built
     once per width); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": width}, wide=WIDE)
+    return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": width}, wide=WIDE, cost=COST)
 
 
 def applies(z: Tensor, m: int, activation: str, *params: Tensor) -> bool:
@@ -75,7 +78,8 @@ def applies(z: Tensor, m: int, activation: str, *params: Tensor) -> bool:
 def query_update(z: Tensor, m: int, Q: Tensor, P: Tensor, activation: str, scale: float) -> Tensor:
     """scale · Σ_h P_h Σ_i h̃(s_iᵀ Q_h t) s_i, (B, 1, D), for the target t = z[:, -1] over the sources s_i = z[:, i],
     i < m; ``Q``, ``P`` (H, D, D); differentiable in Q and P (call only where :func:`applies`)."""
-    return _QueryRow.apply(z, Q, P, (m, ACT_CODES[activation], float(scale))).unsqueeze(1)
+    out: Tensor = _QueryRow.apply(z, Q, P, (m, ACT_CODES[activation], float(scale)))  # Function.apply: unannotated
+    return out.unsqueeze(1)
 
 
 def _bounds(B: int) -> list[tuple[int, int]]:
@@ -100,7 +104,7 @@ class _QueryRow(torch.autograd.Function):
         assert lib is not None
         H = Q.shape[0]
         tag = "f32" if z.dtype == torch.float32 else "f64"
-        forward = getattr(lib, f"qa_forward_{tag}")
+        forward: Callable[..., int] = getattr(lib, f"qa_forward_{tag}")
         out = z.new_empty(B, D)
         bounds = _bounds(B)
 
@@ -115,7 +119,7 @@ class _QueryRow(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         z, Q, P = ctx.saved_tensors
         m, act, scale = ctx.meta
         _, T, D = z.shape

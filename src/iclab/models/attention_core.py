@@ -28,15 +28,15 @@ token pass up to rounding). Those tensors are kept batch-last, (D, D, B): a prod
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import torch
 from torch import Tensor, nn
-from torch._C._functorch import is_functorch_wrapped_tensor
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_shape
 from iclab.core.kernels import INNER_PRODUCT_KERNELS, inner_product_scores
+from iclab.core.private_torch import is_transformed
 
 
 def linear_mix(
@@ -123,6 +123,19 @@ def attention_update(
     return out
 
 
+class MomentLayer(Protocol):
+    """A linear-score attention layer in the moment form (module docstring): z_{ℓ+1} = z_ℓ T_ℓ, T_ℓ a map of the
+    sources' Gram matrix G. Such layers declare ``moment_sources`` (``'context'`` or ``'all'``)."""
+
+    def transfer(self, gram: Tensor, n: int) -> Tensor:
+        """T_ℓ for every prompt, batch-last: G (D, D, B) -> (D, D, B)."""
+        ...
+
+    def token_transfer(self, gram: Tensor, n: int) -> Tensor:
+        """T_ℓ for every prompt, batch-first: G (B, D, D) -> (B, D, D); read by :func:`moment_layer` only."""
+        ...
+
+
 # --- batch-last (D, D, B) algebra for the moment form -------------------------------------------------
 def shared_left(W: Tensor, X: Tensor) -> Tensor:
     """W X for every prompt: W (i, j) shared, X (j, k, B) batch-last -> (i, k, B). One GEMM."""
@@ -132,11 +145,6 @@ def shared_left(W: Tensor, X: Tensor) -> Tensor:
 def shared_right(X: Tensor, W: Tensor) -> Tensor:
     """X W for every prompt: X (i, j, B) batch-last, W (j, k) shared -> (i, k, B). One GEMM."""
     return shared_left(W.transpose(0, 1), X.transpose(0, 1).contiguous()).transpose(0, 1)
-
-
-def is_transformed(*tensors: Tensor) -> bool:
-    """Whether any tensor is wrapped by a torch.func transform (vmap, grad): in-place fused paths cannot run there."""
-    return any(is_functorch_wrapped_tensor(t) for t in tensors)
 
 
 def _bl_matmul(X: Tensor, Y: Tensor) -> Tensor:
@@ -159,7 +167,7 @@ class _BatchedMatmul(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(X: Tensor, Y: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(X: Tensor, Y: Tensor) -> Tensor:
         return _bl_matmul(X, Y)
 
     @staticmethod
@@ -167,7 +175,7 @@ class _BatchedMatmul(torch.autograd.Function):
         ctx.save_for_backward(*inputs)
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
         X, Y = ctx.saved_tensors
         dX = batched_matmul(grad, Y.transpose(0, 1)) if ctx.needs_input_grad[0] else None
         dY = batched_matmul(X.transpose(0, 1), grad) if ctx.needs_input_grad[1] else None
@@ -177,7 +185,7 @@ class _BatchedMatmul(torch.autograd.Function):
 def batched_matmul(X: Tensor, Y: Tensor) -> Tensor:
     """X_b Y_b for every prompt b: (i, j, B) × (j, k, B) -> (i, k, B), batch-last. Differentiable
     to any order (the backward is built from this function)."""
-    return _BatchedMatmul.apply(X, Y)
+    return cast(Tensor, _BatchedMatmul.apply(X, Y))  # Function.apply is unannotated
 
 
 class _PrefixGram(torch.autograd.Function):
@@ -190,7 +198,7 @@ class _PrefixGram(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(z: Tensor, m: int) -> Tensor:  # type: ignore[override]
+    def forward(z: Tensor, m: int) -> Tensor:
         c = z[:, :m]
         return c.transpose(1, 2) @ c
 
@@ -200,7 +208,7 @@ class _PrefixGram(torch.autograd.Function):
         ctx.m = inputs[1]
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
         (z,) = ctx.saved_tensors
         # contiguous: a grad that arrives batch-last (strides (1, ·, ·)) sends bmm to a per-prompt loop (~100×)
         sym = (grad + grad.transpose(1, 2)).contiguous()
@@ -213,7 +221,7 @@ class _PrefixGram(torch.autograd.Function):
 def prefix_gram(z: Tensor, m: int) -> Tensor:
     """Σ_{i<m} z_i z_iᵀ for every prompt: (B, T, D) -> (B, D, D), the sources' Gram matrix of a layer whose
     sources are the first ``m`` tokens. Differentiable to any order, vmap-safe."""
-    return _PrefixGram.apply(z, m)
+    return cast(Tensor, _PrefixGram.apply(z, m))
 
 
 def moment_layer(layer: nn.Module, z: Tensor, n: int, *, query_only: bool = False) -> Tensor:
@@ -231,7 +239,7 @@ def moment_layer(layer: nn.Module, z: Tensor, n: int, *, query_only: bool = Fals
     if sources is None or not hasattr(layer, "token_transfer"):
         raise ValueError(f"moment_layer needs a linear-score layer with token_transfer; got {type(layer).__name__}")
     gram_matrix = prefix_gram(z, n if sources == "context" else z.shape[1])  # (B, D, D)
-    T = layer.token_transfer(gram_matrix, n)  # (B, D, D)
+    T = cast(MomentLayer, layer).token_transfer(gram_matrix, n)  # (B, D, D)
     return torch.bmm(z[:, -1:] if query_only else z, T)
 
 
@@ -345,7 +353,7 @@ class AttentionStack(nn.Module):
         gram, q = context_moments(episode, include_query=sources == "all")  # (D, D, B), (D, B)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            T = layer.transfer(gram, episode.n)  # z_{ℓ+1} = z_ℓ T_ℓ for every row
+            T = cast(MomentLayer, layer).transfer(gram, episode.n)  # z_{ℓ+1} = z_ℓ T_ℓ for every row
             q = (q.unsqueeze(1) * T).sum(0)  # q_{ℓ+1} = q_ℓ T_ℓ
             if i < last:
                 gram = batched_matmul(T.transpose(0, 1), batched_matmul(gram, T))  # G_{ℓ+1} = T_ℓᵀ G_ℓ T_ℓ
@@ -361,7 +369,8 @@ class AttentionStack(nn.Module):
 
     def predict(self, episode: Episode) -> Tensor:
         """+ŷ for the query of every prompt, (B,)."""
-        return self(episode)
+        out: Tensor = self(episode)
+        return out
 
     def _stack(self, name: str) -> Tensor:
         """A per-layer matrix stacked over layers, (L, ...)."""

@@ -8,11 +8,11 @@ rows: constant, x (d rows), d̄ − d − 1 zero scratch rows, label. Here z = Z
 D = d̄ + 1 and the query last (:func:`embed_scratch`). The width d̄ counts everything but the label.
 
 * Bilinear FFN (eq. 3), token-wise on the first d̄ entries u (the label is neither read nor written):
-  u ← u + (W_0 u) ⊙ (W_1 u), W_0, W_1 ∈ R^{d̄×d̄} (the paper's R^{d×d̄} is a typo, spec 003 §7).
+  u ← u + (W_0 u) ⊙ (W_1 u), W_0, W_1 ∈ R^{d̄×d̄} (the paper's R^{d×d̄} is a typo, docs/errata.md).
 * Sparse FFN (eq. 11): W_i = [[0, 0], [W̃_i, 0]], W̃_i ∈ R^{(d̄−d−1)×(d+1)}: only the scratch entries
   are written, each from (1, x) alone. ``sparse_strict`` also holds the attention's P rows of the
   constant and x entries at 0, so no layer can overwrite (1, x) and no feature of degree > 2 in x
-  can form (spec 003 §2.3 caveat; the paper's sparse model does not do this).
+  can form (eq. 11 alone does not forbid them, docs/errata.md; the paper's sparse model does not do this).
 * Attention is :class:`~iclab.models.LinearAttention` with pattern ``full`` on tokens of width
   D = d̄ + 1: z_i ← z_i + (1/n) Σ_j (P z_j)(z_jᵀ Q z_i) (eq. 2, M drops the query as a source).
 * Block (Sec. 2.2): FFN then attention (``order="ffn_first"``, the paper's) or attention then FFN
@@ -37,14 +37,15 @@ blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
 
 Training path: on a CPU, ``forward`` runs the stack as one autograd node over chunks of prompts, batch-last, with a
 hand-written backward (:mod:`iclab.models._bilinear_fast`, exact against :meth:`BilinearTransformer.forward_tokens`
-to 1e-10 in float64; docs/performance.md, seed 003); ``forward_tokens`` is the sub-layer-by-sub-layer reference.
+to 1e-10 in float64; docs/performance.md, Sun et al. 2025); ``forward_tokens`` is the sub-layer-by-sub-layer reference.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -52,11 +53,13 @@ from torch.nn.utils import parametrize
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, is_int, require, require_int
+from iclab.core.private_torch import is_transformed
 from iclab.models._bilinear_fast import bilinear_stack
-from iclab.models.attention_core import is_transformed, moment_layer
+from iclab.models.attention_core import moment_layer
 from iclab.models.linear_attention import LinearAttention
 
 FFN = Literal["dense", "sparse", "sparse_strict", "none"]
+Order = Literal["ffn_first", "attention_first"]
 INITS = ("gaussian", "identity")
 FFNS = ("dense", "sparse", "sparse_strict", "none")
 ORDERS = ("ffn_first", "attention_first")
@@ -79,12 +82,19 @@ def embed_scratch(episode: Episode, d_bar: int) -> Tensor:
 class _MaskRows(nn.Module):
     """Parametrisation P = mask ⊙ P_free: the rows of P named by ``mask`` stay exactly zero."""
 
+    mask: Tensor
+
     def __init__(self, mask: Tensor) -> None:
         super().__init__()
         self.register_buffer("mask", mask)
 
     def forward(self, p: Tensor) -> Tensor:
         return p * self.mask
+
+
+def _original(layer: nn.Module, name: str) -> Tensor:
+    """The stored tensor behind the parametrised ``layer.<name>`` (:mod:`torch.nn.utils.parametrize`)."""
+    return cast(Tensor, cast(nn.ModuleDict, layer.parametrizations)[name].original)
 
 
 def _rebuild(config: BilinearTransformerConfig, state: dict[str, Tensor], training: bool) -> BilinearTransformer:
@@ -170,7 +180,7 @@ class _BilinearResidual(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(z: Tensor, W0: Tensor, W1: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def forward(z: Tensor, W0: Tensor, W1: Tensor) -> tuple[Tensor, Tensor]:
         D = W0.shape[0]
         ba = z @ torch.cat([W1, W0]).transpose(0, 1)  # (..., 2D): [z W_1ᵀ | z W_0ᵀ]
         return torch.addcmul(z, ba[..., D:], ba[..., :D]), ba
@@ -183,9 +193,9 @@ class _BilinearResidual(torch.autograd.Function):
         ctx.save_for_backward(z, W0, W1, output[1])
 
     @staticmethod
-    def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor | None, _: Tensor | None) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         if grad is None:  # y unused (only with set_materialize_grads(False))
-            return None, None, None  # type: ignore[return-value]
+            return None, None, None
         z, W0, W1, ba = ctx.saved_tensors
         D = W0.shape[0]
         if torch.is_grad_enabled():  # create_graph: [b | a] as a function of z, W for the next derivative
@@ -200,7 +210,8 @@ class _BilinearResidual(torch.autograd.Function):
 def bilinear_residual(z: Tensor, W0: Tensor, W1: Tensor) -> Tensor:
     """z + (z W_0ᵀ) ⊙ (z W_1ᵀ) for tokens z (..., D) and (D, D) maps: eq. (3) in rows (the label's row and
     column of W_0, W_1 zero). Differentiable to any order."""
-    return _BilinearResidual.apply(z, W0, W1)[0]
+    out: tuple[Tensor, Tensor] = _BilinearResidual.apply(z, W0, W1)  # Function.apply is unannotated
+    return out[0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,7 +220,7 @@ class BilinearTransformerConfig:
     d_bar: int = 12  # embedding width: constant + x + scratch rows (label excluded); tokens are d̄ + 1 wide
     n_blocks: int = 2  # L: 2L layers (the paper's "8-layer" model has L = 4)
     ffn: FFN = "dense"  # dense eq. (3) | sparse eq. (11) | sparse_strict (also P rows of (1, x) = 0) | none (linear TF)
-    order: Literal["ffn_first", "attention_first"] = "ffn_first"
+    order: Order = "ffn_first"
     n_heads: int = 1
     init_std: float = 0.05  # N(0, init_std²) for every free entry of P, Q, W_0, W_1 (the paper does not say)
     init: Literal["gaussian", "identity"] = "gaussian"  # identity: W_1 = P = 0, every block starts as the identity
@@ -251,15 +262,15 @@ class BilinearTransformer(nn.Module):
         if cfg.ffn == "sparse_strict":
             mask = torch.ones(cfg.n_heads, cfg.d_bar + 1, cfg.d_bar + 1)
             mask[:, : cfg.d + 1] = 0  # attention never writes the constant or x entries
-            for layer in self.attn:
+            for layer in self._attn_layers:
                 with torch.no_grad():
                     layer.P_free.mul_(mask)
                 parametrize.register_parametrization(layer, "P_free", _MaskRows(mask))
         if cfg.init == "identity":
             with torch.no_grad():
-                for ffn in self.ffn:
+                for ffn in self._ffn_layers:
                     ffn.W1_free.zero_()
-                for layer in self.attn:
+                for layer in self._attn_layers:
                     self._P_store(layer).zero_()
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
@@ -270,7 +281,17 @@ class BilinearTransformer(nn.Module):
 
     def _P_store(self, layer: LinearAttention) -> Tensor:
         """The tensor that holds P′ (the parametrisation's original for ``sparse_strict``)."""
-        return layer.parametrizations.P_free.original if self.config.ffn == "sparse_strict" else layer.P_free
+        return _original(layer, "P_free") if self.config.ffn == "sparse_strict" else layer.P_free
+
+    @property
+    def _attn_layers(self) -> Sequence[LinearAttention]:
+        """``attn`` with its items' type (an ``nn.ModuleList``'s are typed ``nn.Module``)."""
+        return cast("Sequence[LinearAttention]", self.attn)
+
+    @property
+    def _ffn_layers(self) -> Sequence[BilinearFFN]:
+        """``ffn`` with its items' type."""
+        return cast("Sequence[BilinearFFN]", self.ffn)
 
     def _label_scaling(self, like: Tensor) -> Tensor:
         """diag(S) = (1, …, 1, 1/s), (D,)."""
@@ -292,11 +313,11 @@ class BilinearTransformer(nn.Module):
                 f"BilinearTransformer has {self._dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}) or episode.to(dtype={self._dtype}))"
             )
 
-    def sublayers(self) -> list[nn.Module]:
+    def sublayers(self) -> list[BilinearFFN | LinearAttention]:
         """The 2L (L for ffn='none') sub-layers in the order they run."""
-        out: list[nn.Module] = []
-        for ell, attn in enumerate(self.attn):
-            ffn = [self.ffn[ell]] if self.ffn else []
+        out: list[BilinearFFN | LinearAttention] = []
+        for ell, attn in enumerate(self._attn_layers):
+            ffn = [self._ffn_layers[ell]] if self.ffn else []
             out += [*ffn, attn] if self.config.order == "ffn_first" else [attn, *ffn]
         return out
 
@@ -353,32 +374,33 @@ class BilinearTransformer(nn.Module):
 
     def predict(self, episode: Episode) -> Tensor:
         """+ŷ for the query of every prompt, (B,)."""
-        return self(episode)
+        out: Tensor = self(episode)
+        return out
 
     # --- the matrices theory talks about, stacked over blocks ---------------------------
     @property
     def P(self) -> Tensor:
         """(L, H, D, D), D = d̄ + 1, in the paper's parameterisation P = S⁻¹P′S."""
-        P = torch.stack([a.P for a in self.attn])
+        P = torch.stack([a.P for a in self._attn_layers])
         sc = self._label_scaling(P)
         return P * sc[:, None] ** -1 * sc  # S⁻¹ P′ S
 
     @property
     def Q(self) -> Tensor:
         """(L, H, D, D), in the paper's parameterisation Q = SQ′S."""
-        Q = torch.stack([a.Q for a in self.attn])
+        Q = torch.stack([a.Q for a in self._attn_layers])
         sc = self._label_scaling(Q)
         return Q * sc[:, None] * sc
 
     @property
     def W0(self) -> Tensor:
         """(L, d̄, d̄)."""
-        return torch.stack([f.W0 for f in self.ffn])
+        return torch.stack([f.W0 for f in self._ffn_layers])
 
     @property
     def W1(self) -> Tensor:
         """(L, d̄, d̄)."""
-        return torch.stack([f.W1 for f in self.ffn])
+        return torch.stack([f.W1 for f in self._ffn_layers])
 
     @torch.no_grad()
     def load_weights(self, **blocks: Tensor) -> BilinearTransformer:
@@ -399,16 +421,16 @@ class BilinearTransformer(nn.Module):
                 value = (
                     value * sc[:, None] * sc**-1 if name == "P" else value * sc[:, None] ** -1 * sc**-1
                 )  # P′ = SPS⁻¹, Q′ = S⁻¹QS⁻¹
-                for layer, v in zip(self.attn, value, strict=True):
+                for layer, v in zip(self._attn_layers, value, strict=True):
                     if name == "P" and cfg.ffn == "sparse_strict":
                         require("BilinearTransformer.load_weights", "P", bool((v[:, : cfg.d + 1] == 0).all()), "zero in the rows of (1, x) for ffn='sparse_strict'", "non-zero rows")  # fmt: skip
-                        layer.parametrizations.P_free.original.copy_(v)
+                        _original(layer, "P_free").copy_(v)
                     else:
                         getattr(layer, f"{name}_free").copy_(v)
                 continue
             require("BilinearTransformer.load_weights", name, bool(self.ffn), "absent for ffn='none'", name)
             key = name[:2]
-            for ffn, v in zip(self.ffn, value, strict=True):
+            for ffn, v in zip(self._ffn_layers, value, strict=True):
                 target = getattr(ffn, f"{key}_free")
                 if ffn.sparse and v.shape[-2:] == (cfg.d_bar, cfg.d_bar):
                     mask = torch.ones_like(v, dtype=torch.bool)

@@ -36,7 +36,7 @@ Erasure head (``erasure``):
   computed from the difference W_K e_j − W_Q e_j directly (the Gram expansion ‖s‖² + ‖t‖² − 2sᵀt would
   lose ~λ²·eps at i = j).
 * ``softmax``: the paper's dot-product softmax, softmax_i((W_Q e_j)ᵀ W_K e_i). It concentrates on
-  argmax_i x_jᵀx_i, which is j only when ‖x_i‖ is constant (spec 004 §2.2 [FLAG]); kept to measure
+  argmax_i x_jᵀx_i, which is j only when ‖x_i‖ is constant (docs/errata.md); kept to measure
   that caveat (:func:`erasure_failure_rate`).
 * ``identity`` (default for GD): δ_ij exactly (the hard mask). On distinct x it gives bit-for-bit what
   ``rbf`` with λ = 1e5 gives, without computing the (n, T) scores of a second head (half the cost).
@@ -60,7 +60,7 @@ JAX code also divides softmax; only the scale of α changes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -201,6 +201,15 @@ class _FreeBlock(nn.Module):
     """The free weights of one block: self-attention W_Q, W_K, W_V, P (2, D, D) for heads (kernel, erasure) and
     the cross-attention W_Q^c (d', D), W_K^c (d', d'), W_V^c (D, d'), P^c (D, D) (paper orientation: out = M·in)."""
 
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    P: Tensor
+    W_Qc: Tensor
+    W_Kc: Tensor
+    W_Vc: Tensor
+    Pc: Tensor
+
     def __init__(self, D: int, dp: int, std: float, generator: torch.Generator | None) -> None:
         super().__init__()
 
@@ -249,6 +258,10 @@ class CategoricalTransformer(_EmbeddingModel):
     def _block_index(self, k: int) -> int:
         return 0 if self.config.shared else k
 
+    def _block(self, k: int) -> _FreeBlock:
+        """The free weights of block k."""
+        return cast(_FreeBlock, self.blocks[self._block_index(k)])
+
     def _gd_weights(self, z: Tensor, n: int) -> Tensor:
         """κ(a x_i, a x_j), (B, T, n) target-major: head 1's weights, the same in every block of the GD model."""
         x = self.scale * z[..., : self.config.d]
@@ -279,7 +292,7 @@ class CategoricalTransformer(_EmbeddingModel):
     def _free_block(self, z: Tensor, n: int, k: int, weights: Tensor | None = None, last: bool = False) -> Tensor:
         """One free block on (B, T, D) tokens. ``last``: return only the m = T − n query tokens (the readout needs
         nothing else; keys and values still come from the whole context), when head 2 is an ordinary head."""
-        cfg, blk = self.config, self.blocks[self._block_index(k)]
+        cfg, blk = self.config, self._block(k)
         ctx = z[:, :n]
         tgt = z[:, n:] if last and cfg.erasure == "kernel" else z  # the targets this block must produce
         D = cfg.D
@@ -349,10 +362,10 @@ class CategoricalTransformer(_EmbeddingModel):
 
     def _free_fast(self, episode: Episode, points: Tensor | None) -> Tensor:
         n, K, W = episode.n, self.config.n_blocks, self.W_e
-        z = fast.first_block(self.blocks[0], W, *self._embed_xu(episode, points), n, last=K == 1)
+        z = fast.first_block(self._block(0), W, *self._embed_xu(episode, points), n, last=K == 1)
         for k in range(1, K - 1):
             z = self._free_block(z, n, k)
-        z = fast.query_block(self.blocks[self._block_index(K - 1)], W, z, n) if K > 1 else z
+        z = fast.query_block(self._block(K - 1), W, z, n) if K > 1 else z
         return z[..., -self.config.d_embed :] @ W  # (B, m, C) readout (eq. 7)
 
     def _gd_identity_erasure(self, episode: Episode, points: Tensor | None) -> Tensor:
@@ -380,6 +393,7 @@ class CategoricalTransformer(_EmbeddingModel):
             alpha = self.alpha[self._block_index(k)]
             F_q = F_q + alpha * weigh(w_q, V)
             if k < K - 1:
+                assert w_c is not None  # K > 1
                 F_ctx = F_ctx + alpha * weigh(w_c, V)
                 E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
         return F_q @ self.W_e

@@ -34,15 +34,16 @@ per-head update is :func:`iclab.models.attention_core.attention_update`, shared 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
+from iclab.core.private_torch import is_transformed
 from iclab.models._kernel_fast import CHUNK, kernel_stack
-from iclab.models.attention_core import AttentionStack, attention_update, is_transformed, moment_mix
+from iclab.models.attention_core import AttentionStack, attention_update, moment_mix
 
 Activation = Literal["linear", "relu", "exp", "softmax"]
 ACTIVATIONS = ("linear", "relu", "exp", "softmax")
@@ -71,7 +72,7 @@ class KernelTransformerConfig:
         require(
             self,
             "activations",
-            bool(acts) and all(a in ACTIVATIONS for a in acts),  # type: ignore[union-attr]
+            bool(acts) and all(a in ACTIVATIONS for a in acts),
             f"a non-empty tuple of names from {ACTIVATIONS}, one per head",
         )
         object.__setattr__(self, "activations", acts)
@@ -300,10 +301,11 @@ class KernelTransformer(AttentionStack):
             or cfg.value == "full"
             or cfg.qk != "blocks"
             or self.moment_sources is not None
-            or is_transformed(self.layers[0].B_free, episode.x)
+            or is_transformed(cast(KernelAttention, self.layers[0]).B_free, episode.x)
         ):
             return super().forward(episode)
         self._check(episode)
+        assert episode.y is not None  # _check: a regression episode
         # (L, H, d, d) K = CᵀB (/σ² for exp and softmax heads): scores (C x_j)ᵀ(B x_i) = (Kᵀx_j)ᵀx_i
         bw = torch.tensor(
             [cfg.sigma**-2 if a in ("exp", "softmax") else 1.0 for a in cfg.activations], dtype=episode.dtype

@@ -2,7 +2,7 @@
 
 Both map tokens (B, T) to next-token logits (B, T, V); logits at position t depend on tokens 0..t only.
 
-**GD model** (:class:`LanguageGD`; Wang et al. 2025 §3.6, App. H eq. (49); spec 004 §2.4). In-context
+**GD model** (:class:`LanguageGD`; Wang et al. 2025 §3.6, App. H eq. (49)). In-context
 learning as functional gradient descent on a categorical likelihood, with the *positions* as covariates
 and the *tokens* as labels: the context is {(p_i, y_i)}_{i ≤ j}, the query for the token at j + 1 is
 p_{j+1}. With ŵ_c = LN(w_{e,c}) the (layer-normed, tied) token embeddings, f_0 ≡ 0 and H heads with
@@ -34,7 +34,7 @@ and :func:`next_token_nll` (mean cross-entropy ignoring a pad id).
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,9 @@ LanguageKernel = Literal["softmax", "linear", "rbf"]
 LANGUAGE_KERNELS: tuple[str, ...] = ("softmax", "linear", "rbf")
 
 
-def _check_common(owner: str, vocab: int, d_embed: int, heads: int, max_len: int, n_layers: int, dropout: float):
+def _check_common(
+    owner: str, vocab: int, d_embed: int, heads: int, max_len: int, n_layers: int, dropout: float
+) -> None:
     for name, v in (("vocab", vocab), ("d_embed", d_embed), ("heads", heads), ("max_len", max_len),
                     ("n_layers", n_layers)):  # fmt: skip
         require_int(owner, name, v, 1)
@@ -81,7 +83,8 @@ class FeedForward(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.drop(self.down(F.gelu(self.up(self.ln(x)))))
+        out: Tensor = self.drop(self.down(F.gelu(self.up(self.ln(x)))))
+        return out
 
 
 class _LanguageModel(nn.Module):
@@ -172,19 +175,21 @@ class LanguageGD(_LanguageModel):
     def forward(self, tokens: Tensor) -> Tensor:
         _check_tokens("LanguageGD", tokens, self.vocab, self.max_len)
         B, T = tokens.shape
-        emb = self.ln_tok(self.wte)  # (V, d) Ŵ, tied: values, E and read-out
+        emb: Tensor = self.ln_tok(self.wte)  # (V, d) Ŵ, tied: values, E and read-out
         e = emb[tokens]  # (B, T, d) ŵ_{y_i}
         f = torch.zeros(B, T, self.d, dtype=emb.dtype, device=emb.device)  # f(p_{j+1}), j = 0..T-1
         for layer in range(self.n_layers):
             A = self.scores(T, layer)  # (H, T, T)
             f_keys = torch.cat([torch.zeros_like(f[:, :1]), f[:, :-1]], dim=1)  # (B, T, d) f(p_i), f(p_0) = 0
-            # (B, T, d) ŵ_{y_i} − E(ŵ)|_{f(p_i)}; at f ≡ 0 (first step) E is the mean embedding w̄ (spec §5 item 6)
+            # (B, T, d) ŵ_{y_i} − E(ŵ)|_{f(p_i)}; at f ≡ 0 (first step) the softmax is uniform, so E is the mean
+            # embedding w̄
             v = e - (emb.mean(0) if layer == 0 else self.expectation(f_keys, emb))
             heads = torch.einsum("hji,bid->bjhd", A, v).reshape(B, T, self.heads * self.d)  # (B, T, H·d)
             f = f + self.drop(heads @ self.w_o[layer])
             if self.ffs is not None:
                 f = f + self.ffs[layer](f)
-        return self.ln_out(f) @ emb.T  # (B, T, V)
+        final: Tensor = self.ln_out(f)
+        return final @ emb.T  # (B, T, V)
 
 
 class LanguageGPT(_LanguageModel):
@@ -233,7 +238,8 @@ class LanguageGPT(_LanguageModel):
             )  # (B, H, T, d)
             x = x + self.drop(att.transpose(1, 2).reshape(B, T, H * d) @ self.w_o[layer])
             x = x + self.ffs[layer](x)
-        return self.ln_out(x) @ self.wte.T  # (B, T, V)
+        final: Tensor = self.ln_out(x)
+        return final @ self.wte.T  # (B, T, V)
 
 
 # ---- loss, generation, repetition ------------------------------------------------------------------------
@@ -276,7 +282,7 @@ def generate(
     require_int("generate", "beams", beams, 1)
     require_int("generate", "no_repeat_ngram", no_repeat_ngram, 0)
     model.eval()
-    max_len = int(model.max_len)
+    max_len = int(cast(_LanguageModel, model).max_len)  # LanguageGD or LanguageGPT
     P = prompt.numel()
     alive: list[tuple[float, list[int]]] = [(0.0, prompt.tolist())]
     done: list[tuple[float, list[int]]] = []

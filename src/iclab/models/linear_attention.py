@@ -37,7 +37,7 @@ Parameter patterns (the paper's names):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -126,7 +126,8 @@ class LinearAttention(nn.Module):
         self.d, self.D, self.n_heads = d, d + 1, n_heads
         self.pattern, self.activation = pattern, activation
         self.key_query, self.sources, self.residual = key_query, sources, residual
-        self.rank = (d + 1 if rank is None else rank) if key_query == "separate" else None
+        kq_rank = d + 1 if rank is None else rank
+        self.rank = kq_rank if key_query == "separate" else None
 
         def param(*shape: int) -> nn.Parameter:
             if init_std == 0:  # no draw from any random state
@@ -135,7 +136,7 @@ class LinearAttention(nn.Module):
 
         if pattern == "full" and key_query == "separate":
             self.P_free = param(self.D, self.D)
-            self.W_K_free, self.W_Q_free = param(self.rank, self.D), param(self.rank, self.D)
+            self.W_K_free, self.W_Q_free = param(kq_rank, self.D), param(kq_rank, self.D)
         elif pattern == "full":
             self.P_free, self.Q_free = param(self.D, self.D), param(self.D, self.D)
         else:
@@ -330,7 +331,7 @@ class LinearTransformer(AttentionStack):
         last = len(self.layers) - 1
         slot = torch.zeros_like(xq[0])  # the query's label slot, (B,)
         for i, layer in enumerate(self.layers):
-            u = layer.A.sum(0).transpose(0, 1) @ v  # (d, B)
+            u = cast(LinearAttention, layer).A.sum(0).transpose(0, 1) @ v  # (d, B)
             slot = slot - (xq * u).sum(0)
             if i < last:
                 v = v - (S * u.unsqueeze(0)).sum(1)
@@ -361,7 +362,7 @@ class LinearTransformer(AttentionStack):
     def load_matrices(self, **blocks: Tensor) -> LinearTransformer:
         """Set the free parameters from stacked (L, H, ·, ·) or (L, ·, ·) tensors: ``P``/``Q`` for
         ``full``, ``A`` (and ``B`` for ``pattern11``) otherwise. Returns self."""
-        names = {"full": ("P", "Q"), "pattern11": ("A", "B")}.get(self.config.pattern, ("A",))
+        names: tuple[str, ...] = {"full": ("P", "Q"), "pattern11": ("A", "B")}.get(self.config.pattern, ("A",))
         if self.config.key_query == "separate":
             names = ("P", "W_K", "W_Q")
         self._load_stacked(names, blocks, f"pattern {self.config.pattern!r}, key_query {self.config.key_query!r}")

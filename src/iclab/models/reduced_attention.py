@@ -22,6 +22,7 @@ layer these models reduce from.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -84,6 +85,7 @@ class _ReducedAttention(nn.Module):
     """Shared part of the reduced models: ŷ = βᵀ W x_q with W built from the named parameters."""
 
     names: tuple[str, ...] = ()
+    v: Tensor  # (H,) or (S, H): the value weight of each head, in every reduced model
 
     def __init__(self, d: int, n_heads: int, w_init: float, n_seeds: int | None) -> None:
         super().__init__()
@@ -244,7 +246,7 @@ class MergedAttention(_ReducedAttention):
         return out
 
     def token_layer(
-        self, *, star_std: float = 0.0, generator: torch.Generator | None = None, **kwargs
+        self, *, star_std: float = 0.0, generator: torch.Generator | None = None, **kwargs: Any
     ) -> LinearAttention:
         """The full ATTN_M layer on (d+1)-wide tokens whose query output equals this model.
 
@@ -331,7 +333,7 @@ class SeparateAttention(_ReducedAttention):
         return torch.einsum("h,hra,bhra->b", self.v, self.q, hidden)
 
     def token_layer(
-        self, *, star_std: float = 0.0, generator: torch.Generator | None = None, **kwargs
+        self, *, star_std: float = 0.0, generator: torch.Generator | None = None, **kwargs: Any
     ) -> LinearAttention:
         """The full ATTN_S layer (key_query='separate') whose query output equals this model.
 

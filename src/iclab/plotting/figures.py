@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -21,8 +22,11 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 #: The one figure style: small type for 3.6 x 2.8 inch panels, light grid, no top/right spines, frameless legends.
-STYLE: dict[str, object] = {
+STYLE: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.titlesize": 9,
     "axes.labelsize": 9,
@@ -59,7 +63,7 @@ def band(
     label: str | None = None,
     color: str | None = None,
     log: bool = False,
-    **kw: object,
+    **kw: Any,
 ) -> None:
     """Mean ± 1 std over the first axis of ``ys`` (runs × points), optionally of log(ys)."""
     arr = np.asarray(ys.detach().cpu() if isinstance(ys, torch.Tensor) else ys, dtype=float)
@@ -68,7 +72,7 @@ def band(
     if log:
         arr = np.log(arr)
     mean, std = arr.mean(0), arr.std(0)
-    (line,) = ax.plot(x, mean, label=label, color=color, **kw)  # type: ignore[arg-type]
+    (line,) = ax.plot(x, mean, label=label, color=color, **kw)
     if arr.shape[0] > 1:
         ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.25, linewidth=0)
 
@@ -94,12 +98,12 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _atomic_savefig(fig: Figure, path: Path, **kw: object) -> None:
+def _atomic_savefig(fig: Figure, path: Path, **kw: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
     os.fchmod(fd, _file_mode())
     os.close(fd)
     try:
-        fig.savefig(tmp, format=path.suffix[1:], **kw)  # type: ignore[arg-type]
+        fig.savefig(tmp, format=path.suffix[1:], **kw)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)

@@ -31,6 +31,7 @@ from markupsafe import Markup
 
 from iclab.core.errors import CorruptFileError
 from iclab.core.io import read_json
+from iclab.core.provenance import describe
 from iclab.experiments.registry import ClaimResult, all_experiments
 
 log = logging.getLogger("iclab")
@@ -349,7 +350,7 @@ def _paper_docs(root: Path | None, paper: str) -> tuple[str, Markup | None, Mark
 
 
 def _paper_runs(root: Path | None) -> dict[str, str]:
-    """Experiment -> its paper-preset run in words, from benchmarks/results/paper_presets.json (issue 20)."""
+    """Experiment -> its paper-preset run in words, from benchmarks/results/paper_presets.json."""
     path = root / "benchmarks" / "results" / "paper_presets.json" if root else None
     if path is None or not path.is_file():
         return {}
@@ -359,7 +360,7 @@ def _paper_runs(root: Path | None) -> dict[str, str]:
         for name, entry in data.items():
             run, est = entry.get("run") or {}, entry.get("estimate") or {}
             if run:
-                where = f" ({run['where']})" if run.get("where") else ""
+                where = f" ({describe(run['provenance'])})" if run.get("provenance") else ""
                 text = f"{run['passed']}/{run['claims']} claims in {format_seconds(float(run['seconds']))}{where}"
             elif est.get("projected_seconds"):
                 text = f"not run here; projected {format_seconds(float(est['projected_seconds']))} (iclab estimate)"

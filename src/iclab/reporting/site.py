@@ -44,6 +44,8 @@ from iclab.experiments.runner import ExperimentResult
 from iclab.reporting.pages import (
     SITE_DIR,
     ExperimentPage,
+    PaperPage,
+    SweepPage,
     find_run_dirs,
     format_seconds,
     git_revision,
@@ -143,9 +145,28 @@ def write_site(
         raise IclabError(f"no run directories or sweeps under {out}: run `iclab reproduce --out {out}` first")
     papers = read_papers(experiments, failures)
     site.mkdir(parents=True, exist_ok=True)
+    _write_assets(site)
+    pages = _render_pages(_common(out, site, papers, sweeps), experiments, papers, sweeps, failures)
+    _write_pages(site, pages)
+    for e in experiments:
+        for problem in e.problems:
+            log.warning("%s (%s): %s", e.name, e.run_dir, problem)
+    for s in sweeps:
+        for problem in s.problems:
+            log.warning("sweep %s (%s): %s", s.name, s.dir, problem)
+    return site / "index.html"
+
+
+def _write_assets(site: Path) -> None:
+    """Copy the package's one CSS and one script into ``<site>/assets/``."""
     for name in ("site.css", "site.js"):
         src = importlib.resources.files("iclab.reporting") / "static" / name
         atomic_write_text(site / "assets" / name, src.read_text(encoding="utf-8"))
+
+
+def _common(out: Path, site: Path, papers: Sequence[PaperPage], sweeps: Sequence[SweepPage]) -> dict[str, Any]:
+    """What every template sees: the papers and sweeps (for the navigation), the links relative to ``site``
+    (``rel``, and ``svg`` for a figure's vector twin where one was written) and the footer's provenance."""
 
     def rel(path: Path) -> str:
         return quote(Path(os.path.relpath(path, site)).as_posix())
@@ -153,8 +174,7 @@ def write_site(
     def svg(path: Path) -> str | None:
         return rel(path.with_suffix(".svg")) if path.with_suffix(".svg").is_file() else None
 
-    env = _environment()
-    common = {
+    return {
         "papers": papers,
         "sweeps": sweeps,
         "rel": rel,
@@ -165,20 +185,32 @@ def write_site(
         "out": str(out),
     }
 
-    def totals_of(exps: Sequence[ExperimentPage], broken: int) -> dict[str, Any]:
-        return {
-            "experiments": len(exps),
-            "checked": sum(e.checked for e in exps),
-            "passed": sum(e.passed for e in exps),
-            "not_checked": sum(e.not_checked for e in exps),
-            "failed": sum(len(e.failed) + len(e.problems) for e in exps) + broken,
-            "seconds": sum(e.seconds or 0.0 for e in exps),
-        }
 
-    paper_totals = {
-        p.paper: totals_of(p.experiments, sum(k.split(".", 1)[0] == p.paper for k in failures)) for p in papers
+def _totals(exps: Sequence[ExperimentPage], broken: int) -> dict[str, Any]:
+    """The counts a summary row shows for ``exps``; ``broken``: experiments that did not run, counted as failed."""
+    return {
+        "experiments": len(exps),
+        "checked": sum(e.checked for e in exps),
+        "passed": sum(e.passed for e in exps),
+        "not_checked": sum(e.not_checked for e in exps),
+        "failed": sum(len(e.failed) + len(e.problems) for e in exps) + broken,
+        "seconds": sum(e.seconds or 0.0 for e in exps),
     }
-    totals = totals_of(experiments, len(failures)) | {
+
+
+def _render_pages(
+    common: dict[str, Any],
+    experiments: Sequence[ExperimentPage],
+    papers: Sequence[PaperPage],
+    sweeps: Sequence[SweepPage],
+    failures: Mapping[str, str],
+) -> dict[str, str]:
+    """file name -> HTML: ``index.html``, one page per paper and one per sweep."""
+    env = _environment()
+    paper_totals = {
+        p.paper: _totals(p.experiments, sum(k.split(".", 1)[0] == p.paper for k in failures)) for p in papers
+    }
+    totals = _totals(experiments, len(failures)) | {
         "problems": sum(len(s.problems) for s in sweeps),
         "presets": sorted({e.preset for e in experiments}),
     }
@@ -198,18 +230,16 @@ def write_site(
     for s in sweeps:
         target = next((e for e in experiments if e.name == s.experiment), None)
         pages[s.page] = env.get_template("sweep.html").render(sweep=s, target=target, current=s.page, **common)
+    return pages
+
+
+def _write_pages(site: Path, pages: Mapping[str, str]) -> None:
+    """Write ``pages`` into ``site`` and delete the pages of papers or sweeps no longer there."""
     for name, html in pages.items():
         atomic_write_text(site / name, html)
-    for stale in site.glob("*.html"):  # pages of papers or sweeps no longer there
+    for stale in site.glob("*.html"):
         if stale.name not in pages:
             stale.unlink()
-    for e in experiments:
-        for problem in e.problems:
-            log.warning("%s (%s): %s", e.name, e.run_dir, problem)
-    for s in sweeps:
-        for problem in s.problems:
-            log.warning("sweep %s (%s): %s", s.name, s.dir, problem)
-    return site / "index.html"
 
 
 # ------------------------------------------------------------------------------------------------ a browser

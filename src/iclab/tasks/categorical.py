@@ -10,8 +10,8 @@ from context to context. Two generators:
       f(x) = λ Σ_j w_{e,c_j} exp(−‖x − μ_j‖² / σ_j²),   σ_j² = −min_{j'≠j} ‖μ_j − μ_{j'}‖² / ln(0.1),
 
   so that bump j has decayed to 0.1 at the nearest other anchor. x ~ U[−1, 1]^d. Defaults d = 10,
-  C = 25, d' = 5, λ = 10 (the authors' torch code; spec 004 §1.6 shows λ = 10 is the value that
-  makes the reported accuracy ≈ 0.72 possible).
+  C = 25, d' = 5, λ = 10 (the authors' torch code; λ = 10 is the value at which the
+  paper's GD accuracy ≈ 0.72 (§6.1) is reachable: at λ = 5 the Bayes rate is 0.58-0.63; docs/errata.md).
 * :class:`QuadrantCategorical` (App. F): d = 2, C = 20, d' = 5; per context the 4 quadrants of
   [−1, 1]² get 4 distinct categories and f(x) = w_{e,c_q(x)} (piecewise constant).
 
@@ -22,11 +22,11 @@ what the Bayes-optimal classifier needs: ``W_e (d', C)`` (shared), the per-conte
 :func:`log_probabilities` evaluates log p(c | x) of a task dict at any points, so the oracle, the
 Bayes rate and probability maps over a query grid (App. F, Fig. 7) share one formula.
 
-Training sets: the paper draws L contexts once and makes passes over them (spec §4.0). Either pass
+Training sets: the paper draws L contexts once and makes passes over them (Wang et al. 2025, §6.1). Either pass
 ``train_size=L`` to :class:`iclab.training.TrainConfig`, or wrap a drawn set in :class:`FixedEpisodes`,
 a :class:`~iclab.tasks.base.Task` that serves minibatches from it.
 
-What differs from the authors' code (spec 004 §6): every draw, the labels included, goes through the
+What differs from the authors' code (docs/errata.md): every draw, the labels included, goes through the
 caller's generator (their ``HighDimCategorical`` draws context labels from the global RNG); contexts
 are drawn in one batched call, not a Python loop; quadrants are numbered 0..3 counter-clockwise from
 the top-right (the paper's 1..4; the JAX code uses another order, which changes nothing because the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -143,7 +144,9 @@ class _EmbeddingCategorical:
         """d', the embedding dimension."""
         return self.W_e.shape[0]
 
-    def contexts(self, batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> dict:
+    def contexts(
+        self, batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
+    ) -> dict[str, Tensor]:
         """The task dict of ``batch`` fresh contexts (no covariates or labels): what :func:`latent` reads."""
         raise NotImplementedError
 
@@ -224,12 +227,14 @@ class RBFMixtureCategorical(_EmbeddingCategorical):
 
     @classmethod
     def draw(
-        cls, *, generator: torch.Generator, d: int = 10, num_classes: int = 25, d_embed: int = 5, **kwargs: float
+        cls, *, generator: torch.Generator, d: int = 10, num_classes: int = 25, d_embed: int = 5, **kwargs: Any
     ) -> RBFMixtureCategorical:
         """A generator with a fresh W_e ~ N(0, 1)^{d'×C} from ``generator`` (paper defaults)."""
         return cls(W_e=random_embedding(d_embed, num_classes, generator=generator), d=d, **kwargs)
 
-    def contexts(self, batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> dict:
+    def contexts(
+        self, batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
+    ) -> dict[str, Tensor]:
         dev, k, C = generator.device, self.n_anchors, self.num_classes
         keys = torch.rand(batch, C, generator=generator, device=dev, dtype=torch.float64)
         cats = keys.argsort(dim=1)[:, :k]  # (B, k)  uniform without replacement
@@ -265,12 +270,14 @@ class QuadrantCategorical(_EmbeddingCategorical):
 
     @classmethod
     def draw(
-        cls, *, generator: torch.Generator, num_classes: int = 20, d_embed: int = 5, **kwargs: float
+        cls, *, generator: torch.Generator, num_classes: int = 20, d_embed: int = 5, **kwargs: Any
     ) -> QuadrantCategorical:
         """A generator with a fresh W_e ~ N(0, 1)^{d'×C} from ``generator`` (App. F defaults)."""
         return cls(W_e=random_embedding(d_embed, num_classes, generator=generator), **kwargs)
 
-    def contexts(self, batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> dict:
+    def contexts(
+        self, batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
+    ) -> dict[str, Tensor]:
         dev = generator.device
         keys = torch.rand(batch, self.num_classes, generator=generator, device=dev, dtype=torch.float64)
         return {
@@ -282,7 +289,7 @@ class QuadrantCategorical(_EmbeddingCategorical):
 
 @dataclass(frozen=True)
 class FixedEpisodes:
-    """A fixed training set of L contexts (the paper's regime, spec 004 §4.0) served as a Task.
+    """A fixed training set of L contexts (the paper's regime, §6.1) served as a Task.
 
     ``sample(batch, n, generator=g)`` returns ``batch`` distinct contexts of the set, chosen by ``g``,
     with their first ``n`` context pairs; ``dtype`` converts floating tensors. ``episodes`` keeps the
@@ -328,7 +335,7 @@ def expand_queries(episode: Episode, points: Tensor) -> Episode:
 
     ``points`` is ``(m, d)`` (the same points for every context, e.g. :func:`query_grid`) or
     ``(B, m, d)``. Any learner can then be evaluated on a grid; a model with a multi-query forward pass
-    can check itself against it (spec 004 claim 17). ``label_query`` is dropped; per-context task
+    can check itself against it. ``label_query`` is dropped; per-context task
     entries are repeated, and ``p_query`` is recomputed at the new queries when the task allows it.
     """
     B, d = episode.batch_size, episode.d
@@ -349,7 +356,7 @@ def expand_queries(episode: Episode, points: Tensor) -> Episode:
     batched = tuple(k for k in episode.batched if k in task)
     return replace(
         episode,
-        x=rep(episode.x),
+        x=episode.x.repeat_interleave(m, dim=0),
         x_query=pts.reshape(B * m, d),
         y=rep(episode.y),
         y_query=None,

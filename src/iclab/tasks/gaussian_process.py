@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -75,7 +75,8 @@ def _whitened_points(
     dev = generator.device
     g = torch.randn(batch, n_points, d, generator=generator, device=dev, dtype=dtype)
     if covariates == "sphere":
-        return g / g.norm(dim=-1, keepdim=True)
+        norm: Tensor = g.norm(dim=-1, keepdim=True)  # Tensor.norm is unannotated
+        return g / norm
     if covariates == "gaussian":
         return g
     centres = torch.randn(batch, n_clusters, d, generator=generator, device=dev, dtype=dtype)  # (B, C, d)
@@ -105,7 +106,7 @@ class GaussianProcess:
     n_clusters: int = 1  # ``clustered`` only
     jitter: float = 0.0  # label-noise variance added to K₊ (0: noiseless, as in the paper)
     method: Method = "auto"  # "eigh" forces the eigendecomposition factor for every kernel
-    _cache: dict[str, object] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require_int(self, "d", self.d, 1)
@@ -126,11 +127,11 @@ class GaussianProcess:
         *,
         generator: torch.Generator,
         rotation: Literal["haar", "svd-uniform", "none"] = "haar",
-        **kwargs: object,
+        **kwargs: Any,
     ) -> GaussianProcess:
         """The paper's problem: Σ = UᵀDU, D = diag(1, 1, 0.25, 2.25, 1), U from ``generator`` (App. H.1)."""
         cov = rotated_covariance(spectrum, generator=generator, rotation=rotation)
-        return cls(d=cov.shape[0], covariance=cov, **kwargs)  # type: ignore[arg-type]
+        return cls(d=cov.shape[0], covariance=cov, **kwargs)
 
     @property
     def Sigma(self) -> Tensor:
@@ -141,7 +142,8 @@ class GaussianProcess:
     @property
     def kernel_fn(self) -> Kernel | CompositeKernel:
         """The label kernel as a callable (a name is turned into ``Kernel(name, sigma)``)."""
-        return self._cache["kernel"]  # type: ignore[return-value]
+        kern: Kernel | CompositeKernel = self._cache["kernel"]
+        return kern
 
     def _linear_weights(self) -> Kernel | None:
         k = self.kernel_fn
@@ -154,7 +156,7 @@ class GaussianProcess:
         check_batch_n(type(self).__name__, batch, n)
         dev = generator.device
         u = _whitened_points(batch, n + 1, self.d, self.covariates, self.n_clusters, generator, dtype)  # (B, n+1, d)
-        x = u @ self._cache["sqrt"].to(dev, dtype)  # (B, n+1, d) rows x_i = Σ^{1/2} u_i  # type: ignore[union-attr]
+        x = u @ self._cache["sqrt"].to(dev, dtype)  # (B, n+1, d) rows x_i = Σ^{1/2} u_i
         kern = self.kernel_fn
         K = kern(u, u)  # (B, n+1, n+1)
         task: dict[str, Tensor] = {}
@@ -165,7 +167,7 @@ class GaussianProcess:
             y = math.sqrt(float(lin.weight)) * torch.einsum("btd,bd->bt", mapped, theta)  # (B, n+1)
             K_plus = K
             if lin.transform is None:
-                task["w"] = math.sqrt(float(lin.weight)) * theta @ self._cache["inv_sqrt"].to(dev, dtype)  # type: ignore[union-attr]
+                task["w"] = math.sqrt(float(lin.weight)) * theta @ self._cache["inv_sqrt"].to(dev, dtype)
         else:
             g = torch.randn(batch, n + 1, generator=generator, device=dev, dtype=dtype)  # (B, n+1)
             y, K_plus = self._factor_sample(K, g, psd=kern.is_psd and self.method == "auto")
@@ -175,7 +177,7 @@ class GaussianProcess:
             K_plus = K_plus + self.jitter * eye
         task.update(
             Sigma=self.Sigma.to(dev, dtype),
-            Sigma_inv_sqrt=self._cache["inv_sqrt"].to(dev, dtype),  # type: ignore[union-attr]
+            Sigma_inv_sqrt=self._cache["inv_sqrt"].to(dev, dtype),
             K_plus=K_plus,
         )
         batched = ("K_plus", "w") if "w" in task else ("K_plus",)
@@ -235,7 +237,7 @@ class TwoLayerReLUNetwork:
 
     @property
     def label_kernel(self) -> Kernel:
-        """E_θ[y_i y_j | X] = m · arccos(u_i, u_j) (derived; spec 000 §1.3)."""
+        """E_θ[y_i y_j | X] = m · arccos(u_i, u_j) (derived for Ex. 8's ReLU network, m = width)."""
         return Kernel("arccos", weight=float(self.width))
 
     def sample(self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> Episode:
@@ -249,7 +251,7 @@ class TwoLayerReLUNetwork:
         task = {
             "theta1": theta1,
             "theta2": theta2,
-            "Sigma": self.covariance.to(dev, dtype),  # type: ignore[union-attr]
+            "Sigma": cast(Tensor, self.covariance).to(dev, dtype),  # __post_init__ set it
             "Sigma_inv_sqrt": self._cache["inv_sqrt"].to(dev, dtype),
         }
         return Episode(

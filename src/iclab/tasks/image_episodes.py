@@ -16,7 +16,7 @@ so real features (e.g. ImageNet VGG16 features, N × 512) plug in unchanged::
 8×8 digits (1797 images, ≥ 174 per class; no download), classes 0–4 for training episodes and 5–9
 for test episodes, features from a fixed seeded extractor (:func:`digits_features`).
 
-Departures from the authors' code (spec 004 §6 item 9): the query class is uniform over the episode's
+Departures from the authors' code (docs/errata.md): the query class is uniform over the episode's
 classes (their torch ``ImageNet`` dataset always gives the query the label C − 1, a label leak), the
 query image is never one of the context images, and every draw uses the caller's generator.
 """
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,8 @@ from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
 from iclab.core.seeding import derive_seed, generator
 
-#: Disjoint class splits of the digits stand-in (spec 004 §4.5).
+#: Disjoint class splits of the digits stand-in, as the paper's 900 training and 100 test ImageNet classes
+#: (Wang et al. 2025, §6.2).
 DIGITS_TRAIN_CLASSES = (0, 1, 2, 3, 4)
 DIGITS_TEST_CLASSES = (5, 6, 7, 8, 9)
 
@@ -64,7 +65,7 @@ class FeatureEpisodes:
     ways: int = 5
     shots: int = 10
     classes: Sequence[int] | Tensor | None = None
-    _cache: dict = field(default_factory=dict, init=False, repr=False)
+    _cache: dict[object, Any] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         feats = self.features if isinstance(self.features, Tensor) else torch.from_numpy(np.array(self.features))
@@ -128,12 +129,13 @@ class FeatureEpisodes:
         key = (str(device), dtype)
         if key not in self._cache:
             self._cache[key] = (
-                self.features.to(device, dtype),
+                cast(Tensor, self.features).to(device, dtype),  # __post_init__ made features and classes tensors
                 self._cache["table"].to(device),
                 self._cache["counts"].to(device),
-                self.classes.to(device),
+                cast(Tensor, self.classes).to(device),
             )
-        return self._cache[key]
+        out: tuple[Tensor, Tensor, Tensor, Tensor] = self._cache[key]
+        return out
 
     def sample(
         self, batch: int, n: int | None = None, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
@@ -187,7 +189,8 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
-    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    locations = spec.submodule_search_locations if spec is not None else None
+    path = Path(next(iter(locations))) / "datasets" / "data" / "digits.csv.gz" if locations else None
     if path is not None and path.exists():
         table = np.loadtxt(path, delimiter=",")
         return table[:, :-1].astype(np.float64), table[:, -1].astype(np.int64)

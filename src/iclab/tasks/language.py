@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
@@ -40,6 +40,9 @@ from torch import Tensor
 from iclab.core.errors import require, require_int
 from iclab.core.io import atomic_write_text
 from iclab.core.seeding import derive_seed, generator
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 EOT = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -268,7 +271,7 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("ICLAB_CACHE", Path.home() / ".cache" / "iclab"))
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 1024, *, cache_dir: str | Path | None = None):
+def train_tokenizer(texts: list[str], vocab_size: int = 1024, *, cache_dir: str | Path | None = None) -> Tokenizer:
     """A byte-level BPE ``tokenizers.Tokenizer`` with ``vocab_size`` ids (special tokens included).
 
     Cached as ``<cache_dir>/tokenizers/bpe-<hash>.json``, the hash covering the texts, ``vocab_size``
@@ -313,7 +316,7 @@ class StoryLanguageData:
     prompting generation; ``streams[split]`` is their 1-D int64 concatenation (token statistics only:
     windows are never cut from it across stories).
 
-    Windows (Wang et al. 2025 §6.3; spec 004 §4.3: the authors feed one story per row, truncated to 256
+    Windows (Wang et al. 2025 §6.3; the authors' code feeds one story per row, truncated to 256
     tokens, padded, pad ignored by the loss). A story of L tokens (EOT included) has the next-token pairs
     (t_j → t_{j+1}), j < L − 1. A row covers the T + 1 tokens t_s..t_{s+T} of one story (T = ``seq_len``):
     ``inputs[:, i] = t_{s+i}`` and ``targets[:, i] = t_{s+i+1}``; the input t_{L−1} (the story's EOT) has
@@ -335,7 +338,7 @@ class StoryLanguageData:
     Mean losses and accuracies must therefore count only targets ``!= IGNORE_INDEX``.
     """
 
-    tokenizer: object  # tokenizers.Tokenizer
+    tokenizer: Tokenizer
     streams: dict[str, Tensor]
     documents: dict[str, list[Tensor]]
     seq_len: int
@@ -430,11 +433,16 @@ class StoryLanguageData:
 
     @property
     def eot_id(self) -> int:
-        return self.tokenizer.token_to_id(EOT)
+        return self._special_id(EOT)
 
     @property
     def pad_id(self) -> int:
-        return self.tokenizer.token_to_id(PAD)
+        return self._special_id(PAD)
+
+    def _special_id(self, token: str) -> int:
+        i = self.tokenizer.token_to_id(token)
+        assert i is not None, f"{token} is not in the vocabulary"  # train_tokenizer adds it as a special token
+        return i
 
     def encode(self, text: str) -> Tensor:
         """Token ids of ``text``, (len,) int64."""

@@ -57,7 +57,7 @@ def rotated_covariance(
         )
     elif rotation == "svd-uniform":
         a = torch.rand(d, d, generator=generator, dtype=torch.float64, device=generator.device).cpu() * 2 - 1
-        U = torch.linalg.svd(a).U.T  # paper's U is the code's Uᵀ (spec 002 §1.1)
+        U = torch.linalg.svd(a).U.T  # the paper's Σ = UᵀDU (Ahn et al. 2023, §4.3): its U is the code's Uᵀ
     elif rotation == "none":
         U = torch.eye(d, dtype=torch.float64)
     else:
@@ -164,5 +164,5 @@ class LinearRegression:
         )
 
     def zero_predictor_loss(self) -> float:
-        """E[y_q²] = tr(Σ Σ_w) + σ²: the loss of predicting 0 (spec 002 claim 20)."""
+        """E[y_q²] = tr(Σ Σ_w) + σ²: the loss of predicting 0 (of A = 0)."""
         return float(torch.trace(self.Sigma @ self.w_cov)) + self.noise_std**2

@@ -33,7 +33,8 @@ def fixed_weight(d: int, generator: torch.Generator) -> Tensor:
     """w_fix ~ N(0, I_d) rescaled to norm √d, as the authors' code draws it (float64, CPU)."""
     require_int("fixed_weight", "d", d, 1)
     w = torch.randn(d, generator=generator, dtype=torch.float64, device=generator.device).cpu()
-    return w * math.sqrt(d) / w.norm()
+    norm: Tensor = w.norm()  # Tensor.norm is unannotated
+    return w * math.sqrt(d) / norm
 
 
 @dataclass(frozen=True, kw_only=True)

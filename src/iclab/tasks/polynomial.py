@@ -7,7 +7,7 @@ A *monomial set* is an (M, d) integer tensor of exponents a_m. Its default order
 inside a degree, ``itertools.combinations_with_replacement`` order on the variable indices, which
 for degree 2 is eq. (7)'s order: 1, x_1, …, x_d, x_1², x_1x_2, …, x_1x_d, x_2², …, x_d².
 
-Coefficient convention (spec 003 §1.2). The coefficient vector ``w (B, M)`` multiplies the *raw*
+Coefficient convention (Sun et al. 2025, §2.1). The coefficient vector ``w (B, M)`` multiplies the *raw*
 monomials. For the quadratic class this is the paper's svec(W) ~ N(0, I) with
 f(x) = [1 xᵀ] W [1; x], W symmetric and off-diagonal entries W_ij = w_ij / 2 (:func:`smat`).
 
@@ -122,7 +122,7 @@ def block_features(x: Tensor, ell: int) -> Tensor:
 
 def smat(w: Tensor, d: int) -> Tensor:
     """(..., C(d+2,2)) quadratic coefficients in eq.-(7) order -> (..., d+1, d+1) symmetric W with
-    f(x) = [1 xᵀ] W [1; x]: W_00 = w_0, W_0i = w_i/2, W_ii = w_ii, W_ij = w_ij/2 (spec 003 §1.2)."""
+    f(x) = [1 xᵀ] W [1; x]: W_00 = w_0, W_0i = w_i/2, W_ii = w_ii, W_ij = w_ij/2 (smat of Sun et al. 2025, §2.1)."""
     W = torch.zeros(*w.shape[:-1], d + 1, d + 1, dtype=w.dtype, device=w.device)
     pairs = [(0, 0)] + [(0, i + 1) for i in range(d)]
     pairs += [(j + 1, k + 1) for j, k in itertools.combinations_with_replacement(range(d), 2)]

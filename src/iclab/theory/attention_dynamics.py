@@ -261,7 +261,7 @@ def white_time_course(t: Tensor | float, D: int, inv_n: float, s0: float, scale:
 
     ŷ_q(t) = σ(t) βᵀx_q. With c = ``scale``: γ = c²√D, α = c³(1 + (1 + D)E(1/N)), σ = s/√D,
     L = cD − 2c²Dσ + c³D(1 + (1 + D)E(1/N))σ² (c = 1 is the paper's eq. 10/51; c = 1/D is the
-    official code's trace-normalised white covariance, spec 001 §3.1). Returns (σ, L).
+    official code's trace-normalised white covariance). Returns (σ, L).
     """
     require_int("white_time_course", "D", D, 1)
     require("white_time_course", "scale", scale > 0, "a float > 0", scale)
@@ -436,7 +436,7 @@ def conservation_drift(values: Tensor, time_axis: int = 0) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# Metrics on weights and loss curves (Fig. 3c, 9; spec 001 §3.5)
+# Metrics on weights and loss curves (Fig. 3c, 9)
 
 
 def cosine(a: Tensor, b: Tensor, *, dims: int = 1) -> Tensor:

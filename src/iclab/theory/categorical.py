@@ -1,8 +1,8 @@
-"""Closed-form bookkeeping for Wang et al. 2025 (seed 004): parameter counts of the §6.3 language models.
+"""Closed-form bookkeeping for Wang et al. 2025: parameter counts of the §6.3 language models.
 
 The paper's Fig. 5 contrasts the attention parameters of the 1-layer GD model ("W_qkv" = 8,192) with
 those of a 1-layer GPT-style transformer (6,291,456) at d' = 512, H = 8, vocabulary 50,258 (GPT-2 +
-pad), 256 positions. The counts follow the authors' language code (spec 004 §2.4):
+pad), 256 positions. The counts follow the authors' language code:
 
 * shared: token embedding wte (V × d'), tied to the output; LayerNorms without bias (d' each).
 * GD model: S + 1 learned positions (one extra for the last query); per layer and head a diagonal

@@ -1,6 +1,6 @@
 """Theory of transformers as functional gradient descent (Cheng, Chen, Sra 2024).
 
-* Bayes risk of a K-GP task, E_X[μ − νᵀK̂⁻¹ν] (spec 000 §3.5 [derived]); for the linear GP on the sphere
+* Bayes risk of a K-GP task, E_X[μ − νᵀK̂⁻¹ν] (derived from eq. 13); for the linear GP on the sphere
   it is exactly max(0, 1 − n/d) (:func:`linear_gp_bayes_risk`).
 * Lemma A.1: with the true label in the query slot, the label row evolves as Ȳ_{ℓ+1} = Ȳ_ℓ (I + r_ℓ M h̃_ℓ)
   (A ≡ 0, eq. 40), so the in-context loss is f = E_X[g_qᵀ K₊(X) g_q] with g_q = G e_{n+1},
@@ -38,7 +38,7 @@ F64 = torch.float64
 # --- Bayes risk ---------------------------------------------------------------------------------
 def linear_gp_bayes_risk(n: int, d: int) -> float:
     """Bayes risk of the noiseless linear GP on the sphere (Ex. 6, whitened): E[ξ_qᵀ(I − P_n)ξ_q] = 1 − n/d
-    for n < d (P_n projects on the span of n directions), 0 for n >= d (spec 000 §3.5)."""
+    for n < d (P_n projects on the span of n directions), 0 for n >= d (eq. 13)."""
     require_int("linear_gp_bayes_risk", "n", n, 0)
     require_int("linear_gp_bayes_risk", "d", d, 1)
     return max(0.0, 1.0 - n / d)
@@ -107,8 +107,8 @@ def fgd_propagator(fgd: FunctionalGD, episode: Episode) -> Tensor:
     """G for :class:`FunctionalGD` on ``episode`` (value steps r_ℓ = −r'_ℓ, its per-layer scores)."""
     x = episode.x
     targets = torch.cat([x, episode.x_query.unsqueeze(1)], dim=1)
-    scores = [fgd.scores(x, targets, ell) for ell in range(len(fgd.step_sizes))]  # type: ignore[arg-type]
-    return label_propagator(scores, -fgd.step_sizes.to(x))  # type: ignore[union-attr]
+    scores = [fgd.scores(x, targets, ell) for ell in range(len(fgd.step_sizes))]  # type: ignore[arg-type]  # a (L,) Tensor after __post_init__
+    return label_propagator(scores, -fgd.step_sizes.to(x))  # type: ignore[union-attr]  # set by __post_init__
 
 
 def fgd_icl_loss(fgd: FunctionalGD, episode: Episode) -> Tensor:
@@ -170,7 +170,8 @@ def episode_bayes_gap(
     K_hat = K[:, :n, :n]
     if delta is None:
         delta = 1.0 / torch.linalg.eigvalsh(K_hat)[:, -1]
-    return fgd_bayes_gap(K_hat, K[:, :n, n], episode.y, delta, depths)  # type: ignore[arg-type]
+    assert episode.y is not None  # the posterior's covariance needs a regression episode
+    return fgd_bayes_gap(K_hat, K[:, :n, n], episode.y, delta, depths)
 
 
 # --- Thm 4.5 / 4.6 ----------------------------------------------------------------------------------

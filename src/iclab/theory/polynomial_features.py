@@ -1,19 +1,19 @@
 """Closed forms for one bilinear-transformer block on Gaussian polynomial regression.
 
 Sun, Jadbabaie, Azizan 2025, Lemma 3, Lemma 8, Thm 2, Prop. 1, Prop. 4, Thm 5, with the corrections
-of spec 003 §3 (docs/errata.md). Everything is exact: polynomials are dicts {exponents: coefficient}
+of docs/errata.md. Everything is exact: polynomials are dicts {exponents: coefficient}
 and every expectation is a Gaussian moment, E Π_j x_j^{a_j} = Π_j (a_j − 1)!! for even a_j, else 0
 (Isserlis / Wick). float64 tensors on CPU.
 
 One block = features φ(x) written by the FFN, then a (5)-sparse LSA (P = e_D e_Dᵀ, Q = [[Γ, 0], [0, 0]]),
 whose read-out is v̂ = φ_qᵀ Γᵀ h, h = (1/n) Σ_i φ_i y_i, trained towards −y_q (eq. 4). For
-y = Σ_m w_m x^{a_m}, w ~ N(0, I) (spec 003 §3.8):
+y = Σ_m w_m x^{a_m}, w ~ N(0, I):
 
     Λ = E[φφᵀ],  R = E[φ x^{a}ᵀ] (p × M),  ξ = R w,  S = E_w ξξᵀ = R Rᵀ,
     M4 = E[(E_w y² | x) φφᵀ] = E[(Σ_m x^{2a_m}) φφᵀ],  Φ̄ = M4 − S,
     floor = E_w min_β E_x (y + βᵀφ)² = tr G − tr(Rᵀ Λ⁺ R),   G = E[x^a x^aᵀ]
     L(Γ, n) = floor + (1/n) tr(Γ Λ Γᵀ Φ̄) + tr((Γᵀ + Λ⁻¹)ᵀ Λ (Γᵀ + Λ⁻¹) S)       (Lemma 8, averaged over w)
-    Γ* = −(S + Φ̄/n)⁻¹ S Λ⁻¹                                                            [derived, spec §3.2]
+    Γ* = −(S + Φ̄/n)⁻¹ S Λ⁻¹                                                            [derived]
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Closed-form theory of linear attention as preconditioned GD (Ahn, Cheng, Daneshmand, Sra 2023).
 
-Conventions (spec 002):
+Conventions:
 
 * Data: x ~ N(0, Σ), w⋆ ~ N(0, Σ_w), y = ⟨w⋆, x⟩ + ε with ε ~ N(0, σ²); loss E(ŷ − y_q)².
 * A preconditioner Γ acts as in :class:`iclab.algorithms.PGD`: one step from w_0 = 0 gives
   w_1 = Γ Xᵀy/n and ŷ = x_qᵀ Γ Xᵀy/n. The eq.-(8) transformer with A = Γᵀ, and
   :func:`iclab.constructions.one_layer` called with Γᵀ, predict exactly this (Lemma 1, with the
-  transpose of spec §2.2).
+  transpose of eq. (9); docs/errata.md).
 * Thm 3/4 sets: S = {A_i = a_i Σ⁻¹} (eq. 8, paper sign) and S = {A_i = a_i Σ⁻¹, B_i = b_i I}
   (eq. 11, no minus sign). In whitened coordinates (Σ = I, Σ_w = I) they are scalar problems.
 
@@ -28,6 +28,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
 from iclab.core.learner import Learner
 from iclab.core.numerics import as_vector, dist_to_identity, is_psd, sym_inv_sqrt
+from iclab.core.private_torch import standard_gamma
 from iclab.models.linear_attention import LinearTransformer
 from iclab.tasks.base import Task
 from iclab.tasks.linear_regression import LinearRegression
@@ -61,13 +62,14 @@ def one_layer_loss_tensor(
 ) -> Tensor:
     """Exact population loss of ŷ = x_qᵀ Γ Xᵀy/n, differentiable and batched over Γ's leading axes.
 
-    Spec 002 §2.1, re-derived for the PGD orientation (w_1 = Γ Xᵀy/n) and extended to label noise.
+    Ahn et al. 2023, Thm 1 (App. A.1-A.3), re-derived for the PGD orientation (w_1 = Γ Xᵀy/n) and extended to label
+    noise.
     With E[Σ̂ M Σ̂] = (n+1)/n ΣMΣ + tr(MΣ)Σ/n (M symmetric) and E[XᵀX] = nΣ::
 
         f(Γ) = tr(ΣΣ_w) − 2 tr(ΣΓΣΣ_w) + (n+1)/n tr(ΣΓᵀΣΓΣΣ_w)
                + (1/n) tr(ΓᵀΣΓΣ) (tr(ΣΣ_w) + σ²) + σ²
 
-    The spec prints ΓΣΓᵀ in the third term: that is the loss of ``constructions.one_layer(Γ)``,
+    With ΓΣΓᵀ in the third term it is the loss of ``constructions.one_layer(Γ)``,
     which predicts with Γᵀ. Both orientations agree for symmetric Γ. ``Gamma`` (..., d, d) -> (...).
     """
     owner = "one_layer_loss"
@@ -99,7 +101,7 @@ def one_layer_loss(
 def theorem1_preconditioner(Sigma: Tensor, n: int, *, noise_var: float = 0.0) -> Tensor:
     """Γ⋆ = ((n+1)/n Σ + (tr Σ + σ²)/n I)⁻¹, the global minimiser of f for w⋆ ~ N(0, I).
 
-    Ahn et al. 2023, Thm 1, eq. (6) in the closed form of spec 002 §2.1 (σ² = 0 is the paper's).
+    Ahn et al. 2023, Thm 1, eq. (6) in closed form (σ² = 0 is the paper's).
     The label noise only enlarges the ridge-like term. Isotropic: Γ⋆ = n/(n+d+1) I (eq. 7).
     """
     require_int("theorem1_preconditioner", "n", n)
@@ -110,7 +112,7 @@ def theorem1_preconditioner(Sigma: Tensor, n: int, *, noise_var: float = 0.0) ->
 
 
 def theorem1_loss(Sigma: Tensor, n: int, *, noise_var: float = 0.0) -> float:
-    """f⋆ = Σ_j λ_j (λ_j + c)/((n+1)λ_j + c) + σ² with c = tr Σ + σ² (Thm 1; spec 002 §2.1).
+    """f⋆ = Σ_j λ_j (λ_j + c)/((n+1)λ_j + c) + σ² with c = tr Σ + σ² (Thm 1, eq. 6).
 
     λ_j are the eigenvalues of Σ; w⋆ ~ N(0, I). Isotropic, noiseless: d(d+1)/(n+d+1).
     """
@@ -152,8 +154,7 @@ def _wishart_chunks(d: int, n: int, samples: int, generator: torch.Generator, ch
             g = torch.randn(m, d, n, generator=generator, dtype=F64, device=dev)  # (m, d, n)
             yield g @ g.transpose(1, 2) / n
             continue
-        # torch._standard_gamma is the generator-aware sampler behind torch.distributions.Gamma
-        chi2 = 2 * torch._standard_gamma((dof / 2).expand(m, d).contiguous(), generator=generator)  # (m, d)
+        chi2 = 2 * standard_gamma((dof / 2).expand(m, d).contiguous(), generator=generator)  # (m, d)
         t = torch.zeros(m, d, d, dtype=F64, device=dev)
         t[:, rows, cols] = torch.randn(m, rows.numel(), generator=generator, dtype=F64, device=dev)
         t.diagonal(dim1=1, dim2=2).copy_(chi2.sqrt())
@@ -168,7 +169,7 @@ def _check_wishart(owner: str, d: int, n: int, samples: int, chunk: int) -> None
 def wishart_eigenvalues(d: int, n: int, samples: int, *, generator: torch.Generator, chunk: int = 100_000) -> Tensor:
     """Eigenvalues of ``samples`` independent W = GGᵀ/n, G ∈ R^{d×n} standard Gaussian: (samples, d).
 
-    W is the whitened Σ̂ of spec 002 §2.4. float64 on ``generator.device``, ascending per row.
+    W is the whitened Σ̂ of Thm 3 (Ahn et al. 2023, §4.2). float64 on ``generator.device``, ascending per row.
     The same seed gives the same draws as :func:`wishart_trace_moments`.
     """
     _check_wishart("wishart_eigenvalues", d, n, samples, chunk)
@@ -180,7 +181,7 @@ def wishart_trace_moments(
 ) -> Tensor:
     """Monte-Carlo m_k = E tr W^k, k = 0..kmax, (kmax+1,), from matrix powers (no eigensolver).
 
-    Exact values for reference: m_0 = d, m_1 = d, m_2 = d(n+d+1)/n (spec 002 §5.1).
+    Exact values for reference: m_0 = d, m_1 = d, m_2 = d(n+d+1)/n.
     """
     _check_wishart("wishart_trace_moments", d, n, samples, chunk)
     require_int("wishart_trace_moments", "kmax", kmax, low=0)
@@ -197,7 +198,7 @@ def wishart_trace_moments(
 
 
 def sparse_scalar_loss(a: Tensor | Sequence[float], eigs: Tensor) -> float:
-    """φ(a) = E Σ_j Π_ℓ (1 − a_ℓ λ_j)², the Thm-3 loss at A_ℓ = a_ℓ Σ⁻¹ (spec 002 §2.4).
+    """φ(a) = E Σ_j Π_ℓ (1 − a_ℓ λ_j)², the Thm-3 loss at A_ℓ = a_ℓ Σ⁻¹ (§4.2, derived).
 
     By Lemma 1 the error of L steps of Σ⁻¹-PGD is −p(W) w̃ in whitened coordinates, with
     p(λ) = Π_ℓ (1 − a_ℓ λ); the expectation is the mean over ``eigs`` (S, d) from
@@ -212,7 +213,7 @@ def sparse_scalar_loss(a: Tensor | Sequence[float], eigs: Tensor) -> float:
 def one_step_scalar_loss(a: float, d: int, n: int) -> float:
     """Exact φ for L = 1: d − 2ad + a² d(n+d+1)/n, from E tr W = d, E tr W² = d(n+d+1)/n.
 
-    Minimised at a⋆ = n/(n+d+1) with φ⋆ = d(d+1)/(n+d+1) (spec 002 §2.4, L = 1).
+    Minimised at a⋆ = n/(n+d+1) with φ⋆ = d(d+1)/(n+d+1) (L = 1; eq. 7's Γ⋆ for Σ = I).
     """
     require_int("one_step_scalar_loss", "d", d)
     require_int("one_step_scalar_loss", "n", n)
@@ -220,7 +221,7 @@ def one_step_scalar_loss(a: float, d: int, n: int) -> float:
 
 
 def trace_moments(eigs: Tensor, kmax: int) -> Tensor:
-    """m_k = E tr W^k = mean over samples of Σ_j λ_j^k for k = 0..kmax, (kmax+1,) (spec 002 §5.1)."""
+    """m_k = E tr W^k = mean over samples of Σ_j λ_j^k for k = 0..kmax, (kmax+1,)."""
     require_int("trace_moments", "kmax", kmax, low=0)
     require("trace_moments", "eigs", eigs.dim() == 2, "a (samples, d) tensor", tuple(eigs.shape))
     k = torch.arange(kmax + 1, dtype=F64, device=eigs.device)
@@ -257,14 +258,14 @@ def theorem3_optimum(
 ) -> tuple[Tensor, float]:
     """The best point of S = {A_ℓ = a_ℓ Σ⁻¹} for L layers: (a sorted ascending (L,), φ(a)).
 
-    Thm 3 (with the corollary of spec 002 §2.4: a stationary point of φ is a critical point of f).
+    Thm 3 (a stationary point of φ is a critical point of f, derived from eq. (30) of App. B.2).
     φ is a polynomial in a whose coefficients are the Wishart moments m_k = E tr W^k, k ≤ 2L; for
     L ≤ 4 they are exact (:func:`iclab.theory.wishart.wishart_moments_exact`), beyond that they are
     estimated once from ``samples`` draws of W (common random numbers for every a), then
     φ is minimised exactly by BFGS from ``starts`` starting points: the reciprocals of Chebyshev
     nodes on the Marchenko–Pastur support, then random reciprocals of points of that support.
-    n = 20, d = 5 gives exactly 1.15385 (L = 1), 0.36124, 0.13361, 0.05495 (L = 2, 3, 4); the spec's
-    §5.0 table (0.3607, 0.1331, 0.0545) was minimised on the draws it reports, so biased low. ``moments``
+    n = 20, d = 5 gives exactly 1.15385 (L = 1), 0.36124, 0.13361, 0.05495 (L = 2, 3, 4); a table minimised on its own
+    Monte-Carlo draws (0.3607, 0.1331, 0.0545) is biased low. ``moments``
     (m_0..m_{≥2L}, e.g. exact ones) replaces the sampling; ``generator`` then only draws the starts.
     """
     owner = "theorem3_optimum"
@@ -298,9 +299,11 @@ def theorem3_optimum(
 # --- Monte Carlo and step-size search --------------------------------------------------------------
 def episode_loss(learner: Learner, episode: Episode) -> float:
     """mean over the batch of (ŷ − y_q)² on one fixed episode (common random numbers)."""
-    require("episode_loss", "episode", episode.y_query is not None, "a regression episode with y_query", None)
+    y_query = episode.y_query
+    require("episode_loss", "episode", y_query is not None, "a regression episode with y_query", None)
+    assert y_query is not None
     with torch.no_grad():
-        return float(((learner.predict(episode) - episode.y_query) ** 2).mean())
+        return float(((learner.predict(episode) - y_query) ** 2).mean())
 
 
 def mc_loss(
@@ -328,6 +331,7 @@ def mc_loss(
     with torch.no_grad():
         for size in (batch // chunks + (i < batch % chunks) for i in range(chunks)):
             ep = task.sample(size, n, generator=generator, dtype=dtype)
+            assert ep.y_query is not None  # a regression task
             err = ((learner.predict(ep) - ep.y_query) ** 2).to(F64)  # (size,)
             if not bool(torch.isfinite(err).all()):  # a learner that diverges on some prompt: (inf, inf), or nan
                 diverged, nan_seen = True, nan_seen or bool(err.isnan().any())
@@ -374,12 +378,14 @@ def loss_gradients(model: LinearTransformer, episode: Episode) -> dict[str, Tens
     patterns), ``A`` and ``B`` (pattern11), ``P`` and ``Q`` (full). Gradients are with respect to
     the free parameters, which for ``sparse`` and ``pattern11`` are the paper's A_ℓ and B_ℓ.
     """
-    require("loss_gradients", "episode", episode.y_query is not None, "a regression episode with y_query", None)
+    y_query = episode.y_query
+    require("loss_gradients", "episode", y_query is not None, "a regression episode with y_query", None)
+    assert y_query is not None
     pattern = model.config.pattern
     names = {"full": ("P", "Q"), "pattern11": ("A", "B")}.get(pattern, ("A",))
     params = [getattr(layer, f"{name}_free") for name in names for layer in model.layers]
     with torch.enable_grad():
-        loss = ((model.predict(episode) - episode.y_query) ** 2).mean()
+        loss = ((model.predict(episode) - y_query) ** 2).mean()
         grads = torch.autograd.grad(loss, params)
     L = len(model.layers)
     out = {"loss": loss.detach()}
@@ -393,7 +399,7 @@ def gradient_structure(grads: dict[str, Tensor], Sigma: Tensor) -> dict[str, Ten
 
     ``A``: Dist(Σ^{-1/2} ∇_{A_ℓ} f Σ^{-1/2}, I), (L, H); ``B`` (if present): Dist(∇_{B_ℓ} f, I) for
     ℓ < L−1, (L−1, H), since B_{L−1} does not reach the read-out (its gradient is 0). Both are 0 at
-    every point of S up to Monte-Carlo error (spec 002 §2.4-2.5 corollaries, claims 9 and 14).
+    every point of S up to Monte-Carlo error (derived from the proofs of Thm 3 and 4, App. B.2-B.3).
     """
     S = _psd("gradient_structure", "Sigma", Sigma)
     require("gradient_structure", "grads", "A" in grads, "a dict from loss_gradients with key 'A'", sorted(grads))
@@ -431,7 +437,7 @@ def pattern11_scalar_loss(
 ) -> float:
     """Empirical loss of :func:`pattern11_model` (a, b, Σ) on a fixed episode (Thm 4 reference).
 
-    ``Sigma`` defaults to I (whitened coordinates, w⋆ ~ N(0, I); spec 002 §2.7 step 3). The S point
+    ``Sigma`` defaults to I (whitened coordinates, w⋆ ~ N(0, I)). The S point
     for Σ on data x ~ N(0, Σ), w⋆ ~ N(0, Σ⁻¹) makes the same predictions as the whitened one on the
     whitened prompts, pathwise, so one scalar problem serves every Σ.
     """
@@ -471,7 +477,7 @@ def theorem4_optimum(
 ) -> tuple[Tensor, Tensor, float]:
     """The best point found of the Thm-4 set S in whitened coordinates: (a (L,), b (L−1,), loss).
 
-    Ahn et al. 2023, Thm 4 (spec 002 §2.5, §2.7 step 3): A_ℓ = a_ℓ I, B_ℓ = b_ℓ I in eq. (11)
+    Ahn et al. 2023, Thm 4 (§5, App. B.3): A_ℓ = a_ℓ I, B_ℓ = b_ℓ I in eq. (11)
     (no minus sign); map back with A_ℓ = a_ℓ Σ⁻¹. No closed form is known and the landscape is
     rugged, so: one episode of ``samples`` whitened prompts (common random numbers); ``starts``
     local L-BFGS-B searches with exact autograd gradients on its first ``search_samples`` prompts,
@@ -520,7 +526,7 @@ def relu_one_layer_loss(scale: float, d: int, n: int) -> float:
 
     For c ≥ 0, ŷ = (c/n) Σ_i y_i min(x_iᵀx_q, 0) (max for c < 0). Stein's lemma (E σ' = ½) and the
     fourth Gaussian moments give, for either sign, f(c) = d − c d + c² d (n+2d+3)/(4n) [derived
-    here; spec 002 §2.6 gives its minimum], minimised at c⋆ = :func:`theorem5_scale` with
+    here; Thm 5 (§6, App. A.4) gives its minimum], minimised at c⋆ = :func:`theorem5_scale` with
     f(c⋆) = :func:`theorem5_loss`.
     """
     require_int("relu_one_layer_loss", "d", d)
@@ -529,7 +535,7 @@ def relu_one_layer_loss(scale: float, d: int, n: int) -> float:
 
 
 def theorem5_loss(d: int, n: int) -> float:
-    """f⋆ = d(2d+3)/(n+2d+3), the Thm-5 optimum (65/33 ≈ 1.9697 at d = 5, n = 20; spec 002 §2.6)."""
+    """f⋆ = d(2d+3)/(n+2d+3), the Thm-5 optimum (65/33 ≈ 1.9697 at d = 5, n = 20; §6)."""
     require_int("theorem5_loss", "d", d)
     require_int("theorem5_loss", "n", n)
     return d * (2 * d + 3) / (n + 2 * d + 3)

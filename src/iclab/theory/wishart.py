@@ -7,7 +7,7 @@ the pairing forces. ``WISHART_PAIRINGS[k]`` counts pairings by (r, c); it was ge
 against the first moments in closed form (m_1 = d, m_2 = d(n+d+1)/n) and against Monte Carlo.
 
 These are the coefficients of the Thm-3 scalar problem φ(a) = E tr p(W)² (Ahn et al. 2023,
-spec 002 §2.4, §5.1), which therefore needs no sampling for L ≤ 4 layers.
+§4.2), which therefore needs no sampling for L ≤ 4 layers.
 """
 
 from __future__ import annotations

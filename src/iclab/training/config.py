@@ -10,6 +10,7 @@ from iclab.core.errors import require, require_int
 OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs")
 SCHEDULES = ("constant", "step", "cosine")
 CLIP_MODES = ("per_matrix", "global")
+DType = Literal["float32", "float64"]
 DTYPES = ("float32", "float64")
 
 
@@ -48,7 +49,7 @@ class TrainConfig:
     checkpoint_every: int = 1000  # 0 = only at the end
     log_every: int = 10
     seed: int = 0
-    dtype: Literal["float32", "float64"] = "float32"
+    dtype: DType = "float32"
     tensorboard: bool = False
     progress: bool = True
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ from torch.func import functional_call, stack_module_state, vmap
 
 from iclab.core.episode import Episode
 from iclab.core.errors import ConfigError, require
+from iclab.core.learner import Learner
 from iclab.core.seeding import derive_seed, generator
 from iclab.training.config import TrainConfig
 from iclab.training.trainer import Sampler
@@ -70,7 +72,7 @@ class Ensemble(nn.Module):
         self.size = len(members)
         self.stacked = nn.ParameterDict({k.replace(".", _SEP): nn.Parameter(v) for k, v in params.items()})
         for p in self.stacked.values():
-            p.ensemble_axis = True  # type: ignore[attr-defined]  # clip_gradients: axis 0 is the member
+            p.ensemble_axis = True  # clip_gradients: axis 0 is the member
         for k, v in buffers.items():
             self.register_buffer("buf" + _SEP + k.replace(".", _SEP), v)
         # A list, so the template is not registered as a submodule; its weights live in ``stacked``.
@@ -101,8 +103,9 @@ class Ensemble(nn.Module):
         params, buffers = self._state()
         template = self._template[0]
 
-        def one(p: dict[str, Tensor], b: dict[str, Tensor], f: dict[str, Tensor]) -> Tensor:
-            return functional_call(template, (p, b), (Episode(**f),))
+        def one(p: dict[str, Tensor], b: dict[str, Tensor], f: dict[str, Any]) -> Tensor:
+            out: Tensor = functional_call(template, (p, b), (Episode(**f),))
+            return out
 
         return vmap(one)(params, buffers, fields)
 
@@ -132,7 +135,7 @@ class _Predict(nn.Module):
         self.m = m
 
     def forward(self, episode: Episode) -> Tensor:
-        return self.m.predict(episode)  # type: ignore[operator]
+        return cast(Learner, self.m).predict(episode)
 
 
 def ensemble_sampler(samples: Sequence[Sampler]) -> Sampler:
@@ -163,7 +166,7 @@ def _member_generator(g: torch.Generator, member: int) -> torch.Generator:
 
 
 def _concat(parts: Sequence[Episode]) -> Episode:
-    fields = {k: torch.cat([_episode_fields(p)[k] for p in parts]) for k in _episode_fields(parts[0])}
+    fields: dict[str, Any] = {k: torch.cat([_episode_fields(p)[k] for p in parts]) for k in _episode_fields(parts[0])}
     return Episode(**fields)
 
 
@@ -178,7 +181,7 @@ def ensemble_loss(
 
     def loss(model: nn.Module, episode: Episode) -> Tensor:
         require("ensemble_loss", "model", isinstance(model, Ensemble), "an Ensemble", type(model).__name__)
-        pred = model.member_predict(episode)  # type: ignore[union-attr]
+        pred = cast(Ensemble, model).member_predict(episode)
         if per_prompt is None:
             assert episode.y_query is not None
             err = (pred - episode.y_query.reshape(pred.shape)).pow(2)

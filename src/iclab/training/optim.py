@@ -61,6 +61,7 @@ def clip_gradients(params: Iterable[nn.Parameter], max_norm: float, mode: str) -
         return
     for p in with_grad:
         g = p.grad
+        assert g is not None  # with_grad
         lead = 1 if getattr(p, "ensemble_axis", False) else 0
         if g.dim() - lead >= 2:
             norms = torch.linalg.matrix_norm(g, keepdim=True)  # (..., 1, 1)

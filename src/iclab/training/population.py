@@ -6,9 +6,9 @@ Every function trains a reduced linear-attention model (:class:`~iclab.models.Me
 an Euler step of τ dθ/dt = −½ ∂L/∂θ with Δt/τ = 2η: ``Trajectory.time`` = 2·η·step.
 
 * :func:`population_flow` — GD on the exact population loss L(W) = tr Λ − 2 tr(Λ² W) + tr(Wᵀ E(Λ̂²) W Λ)
-  (spec §1.4), the gradient flow of eq. (14)/(84) and App. D with no sampling at all. This is not
-  SGD on sampled episodes, so it is its own small integrator instead of :func:`iclab.training.train`:
-  one step is a few (d, d) products, independent of any data size.
+  (eq. 5 expanded for w ~ N(0, I), as in the proof of eq. 63, App. E.4), the gradient flow of eq. (14)/(84)
+  and App. D with no sampling at all. This is not SGD on sampled episodes, so it is its own small integrator
+  instead of :func:`iclab.training.train`: one step is a few (d, d) products, independent of any data size.
 * :func:`full_batch_gd` — the paper's regime: plain GD on a fixed training set of P sequences. The
   models read the data only through ŷ = βᵀ W x_q, so the training loss is a quadratic in vec(W) with
   the moments of the cubic feature z = vec(β x_qᵀ) (eq. 7, 44): they are computed once per dataset,
@@ -24,88 +24,22 @@ Next-token loss (eq. 23): ``next_token=True`` trains on every prefix of each seq
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
-from iclab.core.io import atomic_torch_save, atomic_write_text, safe_torch_load
+from iclab.core.learner import Learner
 from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
 from iclab.theory.attention_dynamics import population_loss, second_moment_hat
-
-if TYPE_CHECKING:
-    from iclab.training.trainer import StepTiming
+from iclab.training.config import DType, TrainConfig
+from iclab.training.results import StepTiming, Trajectory
+from iclab.training.trainer import train
 
 __all__ = ["Trajectory", "full_batch_gd", "online_sgd", "population_flow"]
-
-
-@dataclass
-class Trajectory:
-    """What every training mode returns; with ``n_seeds = S`` every per-run quantity leads with S.
-
-    ``loss`` is the exact population loss L(W) at the recorded steps when Λ is known (always for
-    :func:`population_flow`), otherwise the training loss; ``train_loss`` is the loss on the fixed
-    training set (finite P), None otherwise. ``params`` holds name -> (T, ...) or (S, T, ...).
-    """
-
-    steps: Tensor  # (T,) step indices recorded
-    time: Tensor  # (T,) t/τ = 2·lr·step (eq. 5)
-    loss: Tensor  # (T,) or (S, T)
-    params: dict[str, Tensor]
-    train_loss: Tensor | None = None  # (T,) or (S, T)
-    meta: dict[str, Any] = field(default_factory=dict)  # mode, lr, inv_n, ...
-    #: the trainer's in-loop step timer where the trajectory came from it (full-batch GD of a token-level module by
-    #: autograd): what ``iclab estimate`` projects the run from; not saved, not compared
-    timing: StepTiming | None = field(default=None, compare=False, repr=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain lists and numbers (JSON-able); :meth:`from_dict` inverts it."""
-
-        def lst(t: Tensor) -> Any:
-            return t.detach().cpu().tolist()
-
-        return {
-            "steps": lst(self.steps),
-            "time": lst(self.time),
-            "loss": lst(self.loss),
-            "params": {k: lst(v) for k, v in self.params.items()},
-            "train_loss": None if self.train_loss is None else lst(self.train_loss),
-            "meta": self.meta,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
-        f64 = torch.float64
-        return cls(
-            steps=torch.tensor(data["steps"], dtype=torch.long),
-            time=torch.tensor(data["time"], dtype=f64),
-            loss=torch.tensor(data["loss"], dtype=f64),
-            params={k: torch.tensor(v, dtype=f64) for k, v in data["params"].items()},
-            train_loss=None if data["train_loss"] is None else torch.tensor(data["train_loss"], dtype=f64),
-            meta=dict(data.get("meta", {})),
-        )
-
-    def save(self, path: str | Path) -> Path:
-        """``.json``: :meth:`to_dict` as JSON (float64 round trip); anything else: a torch file."""
-        path = Path(path)
-        if path.suffix == ".json":
-            atomic_write_text(path, json.dumps(self.to_dict()))
-        else:
-            atomic_torch_save(path, {k: v for k, v in self.__dict__.items() if k != "timing"})
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> Trajectory:
-        path = Path(path)
-        if path.suffix == ".json":
-            return cls.from_dict(json.loads(path.read_text()))
-        return cls(**safe_torch_load(path))
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -289,18 +223,17 @@ def _full_batch_autograd(
     """Plain full-batch GD for any module with ``predict``, through the one trainer: SGD without
     momentum on the fixed set (``train_size = batch_size = P``), the parameters and the training MSE
     recorded at the steps of :func:`_record_steps`, and the trainer's step timer."""
-    from iclab.training.config import TrainConfig
-    from iclab.training.trainer import train
 
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     require("full_batch_gd", "model", bool(named), "a module with trainable parameters", type(model).__name__)
-    if episode.y_query is None:
+    y_query = episode.y_query
+    if y_query is None:
         raise ValueError("full_batch_gd needs training episodes with y_query (the targets)")
     rec = _record_steps(steps, record_every)
 
     def mse() -> Tensor:
         with torch.no_grad():
-            return (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
+            return (cast(Learner, model).predict(episode) - y_query).pow(2).mean()
 
     if steps == 0:
         return {k: [p.detach().clone()] for k, p in named}, rec, mse().reshape(1), None
@@ -308,7 +241,7 @@ def _full_batch_autograd(
     cfg = TrainConfig(
         steps=steps, batch_size=episode.batch_size, train_size=episode.batch_size, optimizer="sgd", lr=lr,
         eval_every=0, log_every=record_every, snapshot_every=record_every, checkpoint_every=0,
-        dtype=str(dtype).removeprefix("torch."), progress=False,
+        dtype=cast(DType, str(dtype).removeprefix("torch.")), progress=False,
     )  # fmt: skip
     result = train(
         model,
@@ -338,7 +271,8 @@ def full_batch_gd(
     method: Literal["moments", "samples"] = "moments",
 ) -> Trajectory:
     """Plain GD (``torch.optim.SGD`` without momentum, whole set every step) on the MSE of a fixed
-    training set of P sequences — the regime of every figure of the paper (spec §4, §6.4).
+    training set of P sequences — the regime of every figure of the paper (its "gradient descent"; the
+    authors' code steps ``torch.optim.SGD`` on the whole training set).
 
     ``episodes``: one training set, or one per seed (a sequence of S episodes for a model with
     ``n_seeds = S``; a single set is shared by all seeds). ``Lambda`` (and ``inv_n``, default 1/N or
@@ -382,11 +316,13 @@ def full_batch_gd(
     data = []
     for ep in eps:
         require(owner, "episodes", ep.d == model.d, f"episodes with d = {model.d}", f"d = {ep.d}")
-        data.append(tuple(t.to(device=ref.device, dtype=ref.dtype) for t in _statistics(ep, next_token)))
+        beta, xq, yq = (t.to(device=ref.device, dtype=ref.dtype) for t in _statistics(ep, next_token))
+        data.append((beta, xq, yq))
     snaps, rec, train = _full_batch_reduced(model, data, lr, steps, record_every, method)
     if Lambda is None:
         loss = train
     else:
+        assert inv_n is not None  # set above when Lambda is given
         loss = _population(model, {k: torch.stack(v) for k, v in snaps.items()}, torch.as_tensor(Lambda), inv_n)
         meta["inv_n"] = float(inv_n)
     return _finish(model, snaps, rec, lr, loss, train, meta)
@@ -418,8 +354,6 @@ def online_sgd(
     w ~ N(0, I). The trainer's seed is drawn from ``generator``.
     """
     from iclab.theory.attention_dynamics import expected_inv_n
-    from iclab.training.config import TrainConfig
-    from iclab.training.trainer import train
 
     owner = "online_sgd"
     _check_common(owner, model, lr, steps, record_every)
@@ -458,7 +392,7 @@ def online_sgd(
         checkpoint_every=0,
         log_every=record_every,
         seed=seed,
-        dtype=dtype_name,
+        dtype=cast(DType, dtype_name),  # checked above
         progress=False,
     )
     result = train(

@@ -83,7 +83,7 @@ def parse_run_config(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(
             f"task.name must be one of {sorted(TASKS)}; got {tname!r}{did_you_mean(str(tname), list(TASKS))}"
         )
-    task_cfg = from_dict(TASKS[tname], task, owner="task")
+    task_cfg: Any = from_dict(TASKS[tname], task, owner="task")
     model = dict(data.pop("model", {}) or {})
     mname = model.pop("name", "linear_transformer")
     if not isinstance(mname, str) or mname not in MODELS:
@@ -93,7 +93,7 @@ def parse_run_config(data: dict[str, Any]) -> RunConfig:
     model.setdefault("d", task_cfg.d)
     if model["d"] != task_cfg.d:
         raise ConfigError(f"model.d must equal task.d = {task_cfg.d}; got {model['d']}")
-    model_cfg = from_dict(MODELS[mname], model, owner="model")
+    model_cfg: Any = from_dict(MODELS[mname], model, owner="model")
     train_cfg = from_dict(TrainConfig, data.pop("train", {}) or {}, owner="train")
     rest = from_dict(RunConfig, {k: data[k] for k in ("seed", "device", "out") if k in data})
     return RunConfig(task=task_cfg, model=model_cfg, train=train_cfg, seed=rest.seed, device=rest.device, out=rest.out)

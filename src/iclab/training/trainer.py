@@ -16,9 +16,8 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -28,13 +27,13 @@ from iclab.core.config import to_dict
 from iclab.core.episode import Episode
 from iclab.core.errors import CorruptFileError, DivergenceError, OutputError
 from iclab.core.io import atomic_torch_save, atomic_write_text, quarantine, rotate, safe_torch_load
+from iclab.core.learner import Learner
 from iclab.core.memory import activation_factor, check_fits
 from iclab.core.seeding import derive_seed, generator
 from iclab.training.config import TrainConfig
 from iclab.training.optim import clip_gradients, lr_factor, make_optimizer
-
-if TYPE_CHECKING:
-    from iclab.training.population import Trajectory
+from iclab.training.results import StepTiming as StepTiming
+from iclab.training.results import TrainResult as TrainResult
 
 Sampler = Callable[..., Episode]  # sample(batch, *, generator, dtype) -> Episode, e.g. partial(task.sample, n=20)
 LossFn = Callable[[nn.Module, Episode], Tensor]
@@ -49,71 +48,8 @@ log = logging.getLogger("iclab")
 
 def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
     """Mean squared error of the query prediction, E(ŷ − y_q)² (Ahn et al. 2023, eq. 5/58)."""
-    return (model.predict(episode) - episode.y_query).pow(2).mean()  # type: ignore[operator]
-
-
-@dataclass(frozen=True)
-class StepTiming:
-    """Host-side wall time of a run's steps, measured inside the loop (CPU runs): the median optimiser step (data,
-    forward, backward, clip, update), robust to a busy machine's stray slow steps, and the mean evaluation. What
-    :func:`iclab.experiments.estimate.estimate_experiment` projects a run's cost from."""
-
-    step_seconds: float  # median over the timed steps, the drawing of a new batch left out
-    steps: int  # steps timed
-    eval_seconds: float  # mean over the evaluations (0 when none ran)
-    evals: int
-    eval_every: int  # the config's; 0: only the last step evaluates
-    draw_seconds: float = 0.0  # mean over the batches drawn (0 when none was)
-    draws: int = 0
-    draw_every: int = 0  # steps per new batch (resample_every); 0: drawn once (a fixed set, or resample_every 0)
-
-    def per_step(self) -> float:
-        """Seconds per step with the periodic evaluation amortised over ``eval_every`` steps and the drawing of a new
-        batch over ``draw_every`` (Cheng et al.'s ReLU-GP batch of 30 000 prompts, drawn every 10 steps, cost as much
-        as the step: a median step alone missed it)."""
-        return (
-            self.step_seconds
-            + (self.eval_seconds / self.eval_every if self.eval_every else 0.0)
-            + (self.draw_seconds / self.draw_every if self.draw_every else 0.0)
-        )
-
-    def accounted_seconds(self) -> float:
-        """The part of the run's wall time that :meth:`per_step` stands for: the timed steps, the evaluations and the
-        periodic draws (a set drawn once is the run's fixed cost, as its first evaluation is not)."""
-        draws = self.draws * self.draw_seconds if self.draw_every else 0.0
-        return self.steps * self.step_seconds + self.evals * self.eval_seconds + draws
-
-
-@dataclass
-class TrainResult:
-    """What one training run returns: the trained model (its final parameters), the metric history and the
-    parameter snapshots; ``name``/``seed`` say which :class:`~iclab.training.TrainingRun` it was, and the
-    reduced regimes (full-batch GD, population flow) put their :class:`~iclab.training.Trajectory` here."""
-
-    model: nn.Module
-    history: list[dict[str, float]]  # one row per logged step: step, train_loss, lr[, test_loss]
-    snapshots: dict[str, Tensor] = field(default_factory=dict)  # name -> (S, ...) on CPU
-    snapshot_steps: list[int] = field(default_factory=list)
-    resumed_from: int | None = None
-    seconds: float = 0.0
-    name: str = ""
-    seed: int = 0
-    trajectory: Trajectory | None = None
-    timing: StepTiming | None = None  # the steps this call ran (None on a GPU, or a finished run reloaded)
-
-    @property
-    def final_test_loss(self) -> float:
-        rows = [r for r in self.history if "test_loss" in r]
-        return rows[-1]["test_loss"] if rows else float("nan")
-
-    def curve(self, key: str) -> tuple[list[int], list[float]]:
-        rows = [r for r in self.history if key in r]
-        return [int(r["step"]) for r in rows], [r[key] for r in rows]
-
-    def curve_tensor(self, key: str = "test_loss") -> tuple[Tensor, Tensor]:
-        """The logged curve of ``key`` as (steps (T,) int64, values (T,) float64) tensors."""
-        steps, values = self.curve(key)
-        return torch.tensor(steps, dtype=torch.int64), torch.tensor(values, dtype=torch.float64)
+    assert episode.y_query is not None  # a regression episode
+    return (cast(Learner, model).predict(episode) - episode.y_query).pow(2).mean()
 
 
 class _Data:
@@ -191,69 +127,222 @@ def train(
     run is loaded, not retrained. Metrics go to ``metrics.jsonl`` (and TensorBoard under ``tb/``
     when ``config.tensorboard``). ``snapshot_fn(model)`` is recorded every
     ``config.snapshot_every`` steps, at step 0 and at the end.
+
+    The steps are the methods of :class:`_Run`, in this order: set up, resume, the step loop, finish.
     """
-    cfg = config
-    check = getattr(model, "check_train_config", None)  # e.g. an Ensemble refuses L-BFGS, global clipping
-    if check is not None:
-        check(cfg)
-    device = torch.device(device)
-    dtype = getattr(torch, cfg.dtype)
-    model.to(device=device, dtype=dtype)
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(f"{type(model).__name__} has no trainable parameters")
-    opt = make_optimizer(params, cfg)
-    data = _Data(sample, cfg, device, dtype)
-    _check_memory(data, cfg, device, description, _depth(model))
-    test = (test_episode if test_episode is not None else data._draw(cfg.eval_batch, "test")).to(
-        device=device, dtype=dtype
-    )
+    run = _Run(model, sample, config, out_dir, device, loss_fn, test_episode, snapshot_fn, description)
+    finished = run.resume()
+    if finished is not None:
+        return finished
+    run.open_tensorboard()
+    t0 = time.perf_counter()
+    run.loop(progress, t0)
+    return run.finish(t0)
 
-    out = Path(out_dir) if out_dir is not None else None
-    history: list[dict[str, float]] = []
-    snaps: dict[str, list[Tensor]] = {}
-    snap_steps: list[int] = []
-    start, resumed = 0, None
-    cfg_dict = to_dict(cfg)
-    ck = _load_checkpoint(out, device) if out is not None else None
-    if ck is not None and ck.get("config") == cfg_dict:
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        history, snap_steps, start = ck["history"], ck["snapshot_steps"], ck["step"]
-        snaps = {k: list(v.unbind(0)) for k, v in ck["snapshots"].items()}
-        resumed = start
-        if ck.get("finished"):
-            return TrainResult(model, history, _stack(snaps), snap_steps, resumed, ck.get("seconds", 0.0))
 
-    writer = None
-    if out is not None and cfg.tensorboard:
-        from torch.utils.tensorboard import SummaryWriter
+class _Run:
+    """One call of :func:`train`: the model, its optimiser and data, and what the run has recorded so far (history,
+    snapshots, host timings). Each stage of the run is a method, called by :func:`train` in order."""
 
-        writer = SummaryWriter(str(out / "tb"), purge_step=start if start else None)
+    def __init__(
+        self,
+        model: nn.Module,
+        sample: Sampler,
+        cfg: TrainConfig,
+        out_dir: str | Path | None,
+        device: torch.device | str,
+        loss_fn: LossFn,
+        test_episode: Episode | None,
+        snapshot_fn: SnapshotFn | None,
+        description: str,
+    ) -> None:
+        """Set up and validate: the model may refuse the config (e.g. an Ensemble refuses L-BFGS and global clipping);
+        it is moved to ``device`` in ``cfg.dtype``; the optimiser takes its trainable parameters (there must be some);
+        a batch that cannot fit in memory is refused before it is drawn; the test set is drawn unless given."""
+        check = getattr(model, "check_train_config", None)
+        if check is not None:
+            check(cfg)
+        self.device = torch.device(device)
+        dtype = getattr(torch, cfg.dtype)
+        model.to(device=self.device, dtype=dtype)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"{type(model).__name__} has no trainable parameters")
+        self.opt = make_optimizer(self.params, cfg)
+        self.data = _Data(sample, cfg, self.device, dtype)
+        _check_memory(self.data, cfg, self.device, description, _depth(model))
+        test = test_episode if test_episode is not None else self.data._draw(cfg.eval_batch, "test")
+        self.test = test.to(device=self.device, dtype=dtype)
+        self.model, self.cfg, self.loss_fn, self.snapshot_fn, self.description = (
+            model, cfg, loss_fn, snapshot_fn, description
+        )  # fmt: skip
+        self.out = Path(out_dir) if out_dir is not None else None
+        self.cfg_dict = to_dict(cfg)
+        self.history: list[dict[str, float]] = []
+        self.snaps: dict[str, list[Tensor]] = {}
+        self.snap_steps: list[int] = []
+        self.start = 0
+        self.resumed: int | None = None  # the step a checkpoint was resumed from
+        self.writer: Any = None
+        self.skipped = 0  # steps skipped for a non-finite gradient (cfg.skip_nonfinite), carried across a resume
+        self.step_times: list[float] = []
+        self.eval_times: list[float] = []
+        self.draw_times: list[float] = []
 
-    def record_snapshot(step: int) -> None:
-        if snapshot_fn is None or (snap_steps and snap_steps[-1] == step):
-            return
-        with torch.no_grad():
-            for k, v in snapshot_fn(model).items():
-                snaps.setdefault(k, []).append(v.detach().to("cpu", torch.float64).clone())
-        snap_steps.append(step)
+    def resume(self) -> TrainResult | None:
+        """Resume from the last checkpoint in ``out_dir`` written under the same config: the model, the optimiser, the
+        history and the snapshots, and the step to go on from. The batches need no saved state (they are a function
+        of the seed and the step), so the run goes on bit for bit. Returns the result of a run that had finished,
+        else None (train from ``self.start``)."""
+        ck = _load_checkpoint(self.out, self.device) if self.out is not None else None
+        if ck is None or ck.get("config") != self.cfg_dict:
+            return None
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        self.history, self.snap_steps, self.start = ck["history"], ck["snapshot_steps"], ck["step"]
+        self.snaps = {k: list(v.unbind(0)) for k, v in ck["snapshots"].items()}
+        self.resumed = self.start
+        if not ck.get("finished"):
+            return None
+        return TrainResult(
+            self.model, self.history, _stack(self.snaps), self.snap_steps, self.resumed, ck.get("seconds", 0.0)
+        )
+
+    def open_tensorboard(self) -> None:
+        """With ``cfg.tensorboard``, a writer under ``out_dir/tb`` that drops the events logged after the resumed
+        step."""
+        if self.out is not None and self.cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(self.out / "tb"), purge_step=self.start if self.start else None)
+
+    def loop(self, progress: Progress | None, t0: float) -> None:
+        """The step loop from ``self.start`` to ``cfg.steps``: each step an optimiser step (:meth:`step`), then on their
+        schedules the metrics row (:meth:`log`), a snapshot and a checkpoint (:meth:`save`; ``t0`` dates its
+        seconds). Under ``progress`` when a caller shares its bar, else a bar of its own when ``cfg.progress``."""
+        cfg = self.cfg
+        if self.start == 0:
+            self.record_snapshot(0)
+        with _progress_bar(cfg.progress, progress) as bar:
+            task_id = bar.add_task(self.description, total=cfg.steps, completed=self.start) if bar is not None else None
+            self.skipped = int(self.history[-1].get("skipped_steps", 0)) if self.history else 0
+            for step in range(self.start, cfg.steps):
+                loss, lr, skipped_now = self.step(step)
+                done = step + 1
+                row = self.log(step, loss, lr, skipped_now)
+                if row is not None and bar is not None and task_id is not None:
+                    bar.update(task_id, description=f"{self.description} loss={row['train_loss']:.4g}")
+                if cfg.snapshot_every and done % cfg.snapshot_every == 0:
+                    self.record_snapshot(done)
+                if bar is not None and task_id is not None:
+                    bar.update(task_id, completed=done)
+                if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
+                    self.save(done, False, time.perf_counter() - t0)
+            if bar is not None and task_id is not None and progress is not None:
+                bar.remove_task(task_id)
+
+    def step(self, step: int) -> tuple[Tensor, float, bool]:
+        """One optimiser step on ``step``'s batch at ``step``'s learning rate, the gradients clipped when ``cfg.clip``;
+        with ``cfg.skip_nonfinite`` a non-finite gradient skips the update. Returns (the loss before the update, the
+        learning rate, whether the update was skipped). Its host time goes to ``step_times``, and the drawing of a
+        new batch, timed apart, to ``draw_times``."""
+        cfg, opt, params, model = self.cfg, self.opt, self.params, self.model
+        t_step = time.perf_counter()
+        skipped_now = False
+        lr = cfg.lr * lr_factor(step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        drawn = self.data.draws
+        batch = self.data.at(step)
+        t_draw = 0.0
+        if self.data.draws != drawn:  # a new batch: timed apart from the step
+            t_draw = time.perf_counter() - t_step
+            self.draw_times.append(t_draw)
+        if cfg.optimizer == "lbfgs":
+
+            def closure(batch: Episode = batch) -> Tensor:
+                opt.zero_grad(set_to_none=True)
+                loss = self.loss_fn(model, batch)
+                loss.backward()
+                if cfg.clip is not None:
+                    clip_gradients(params, cfg.clip, cfg.clip_mode)
+                return loss
+
+            # torch.optim types a closure as returning a float; LBFGS's returns (and step passes on) the Tensor loss
+            loss = cast(Tensor, opt.step(closure))  # type: ignore[arg-type]  # the closure returns a Tensor
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss = self.loss_fn(model, batch)
+            loss.backward()
+            if cfg.skip_nonfinite and not _finite_gradients(params):
+                opt.zero_grad(set_to_none=True)  # one bad batch does not poison the weights
+                self.skipped += 1
+                skipped_now = True
+            else:
+                if cfg.clip is not None:
+                    clip_gradients(params, cfg.clip, cfg.clip_mode)
+                opt.step()
+        self.step_times.append(time.perf_counter() - t_step - t_draw)
+        return loss, lr, skipped_now
+
+    def log(self, step: int, loss: Tensor, lr: float, skipped_now: bool) -> dict[str, float] | None:
+        """The metrics row of ``step`` when one is due (every ``log_every`` steps; with the test loss every
+        ``eval_every`` steps; both at the last step), else None. The row is the step's only host sync (besides the
+        gradient check when skipping); it is checked finite (a non-finite loss or parameter raises DivergenceError),
+        appended to the history and written to TensorBoard."""
+        cfg = self.cfg
+        done = step + 1
+        log_now = step % cfg.log_every == 0 or done == cfg.steps
+        eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or done == cfg.steps
+        if not (log_now or eval_now):
+            return None
+        row = {"step": float(step), "train_loss": float(loss.detach()), "lr": lr}
+        if cfg.skip_nonfinite:
+            row["skipped_steps"] = float(self.skipped)
+        if eval_now:
+            t_eval = time.perf_counter()
+            row["test_loss"] = self.evaluate()
+            self.eval_times.append(time.perf_counter() - t_eval)
+        checked = {k: v for k, v in row.items() if not (skipped_now and k == "train_loss")}
+        bad_param = _first_nonfinite(self.model)
+        if bad_param is not None or not all(math.isfinite(v) for v in checked.values()):
+            raise _divergence(self.description, step, row, bad_param, self.history, self.out)
+        self.history.append(row)
+        if self.writer is not None:
+            for k, v in row.items():
+                if k != "step":
+                    self.writer.add_scalar(k, v, step)
+        return row
 
     @torch.no_grad()
-    def evaluate() -> float:
-        return float(loss_fn(model, test))
+    def evaluate(self) -> float:
+        """The loss on the test set, without gradients."""
+        return float(self.loss_fn(self.model, self.test))
 
-    def save(step: int, finished: bool, seconds: float) -> None:
+    def record_snapshot(self, step: int) -> None:
+        """Append ``snapshot_fn(model)`` (float64, on the CPU) as the snapshot of ``step``, once per step."""
+        if self.snapshot_fn is None or (self.snap_steps and self.snap_steps[-1] == step):
+            return
+        with torch.no_grad():
+            for k, v in self.snapshot_fn(self.model).items():
+                self.snaps.setdefault(k, []).append(v.detach().to("cpu", torch.float64).clone())
+        self.snap_steps.append(step)
+
+    def save(self, step: int, finished: bool, seconds: float) -> None:
+        """Checkpoint the run at ``step`` in ``out_dir`` (nothing without one): the last checkpoint is kept as the
+        previous one, the new one written atomically, and ``metrics.jsonl`` rewritten. A failed write raises
+        OutputError naming the checkpoint kept."""
+        out = self.out
         if out is None:
             return
         state = {
-            "config": cfg_dict,
-            "model": model.state_dict(),
-            "optimizer": opt.state_dict(),
+            "config": self.cfg_dict,
+            "model": self.model.state_dict(),
+            "optimizer": self.opt.state_dict(),
             "step": step,
-            "history": history,
-            "snapshots": _stack(snaps),
-            "snapshot_steps": snap_steps,
+            "history": self.history,
+            "snapshots": _stack(self.snaps),
+            "snapshot_steps": self.snap_steps,
             "finished": finished,
             "seconds": seconds,
         }
@@ -261,112 +350,44 @@ def train(
             if (out / CHECKPOINT).is_file():
                 rotate(out / CHECKPOINT, out / PREVIOUS)
             atomic_torch_save(out / CHECKPOINT, state)
-            atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in history))
+            atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in self.history))
         except OSError as e:
             kept = next(
                 (f"{n} (step {_step_of(out / n)})" for n in (CHECKPOINT, PREVIOUS) if (out / n).is_file()), None
             )
             raise OutputError(
-                f"{description}: could not write the checkpoint of step {step} in {out} ({e.strerror or e}); "
+                f"{self.description}: could not write the checkpoint of step {step} in {out} ({e.strerror or e}); "
                 + (f"the last good checkpoint is kept: {kept}; " if kept else "no checkpoint was kept; ")
                 + "free space and run the same command again to resume"
             ) from e
 
-    t0 = time.perf_counter()
-    step_times: list[float] = []
-    eval_times: list[float] = []
-    draw_times: list[float] = []
-    if start == 0:
-        record_snapshot(0)
-    with _progress_bar(cfg.progress, progress) as bar:
-        task_id = bar.add_task(description, total=cfg.steps, completed=start) if bar is not None else None
-        skipped = int(history[-1].get("skipped_steps", 0)) if history else 0
-        for step in range(start, cfg.steps):
-            t_step = time.perf_counter()
-            skipped_now = False
-            lr = cfg.lr * lr_factor(step, cfg)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            drawn = data.draws
-            batch = data.at(step)
-            t_draw = 0.0
-            if data.draws != drawn:  # a new batch: timed apart from the step
-                t_draw = time.perf_counter() - t_step
-                draw_times.append(t_draw)
-            if cfg.optimizer == "lbfgs":
-
-                def closure(batch: Episode = batch) -> Tensor:
-                    opt.zero_grad(set_to_none=True)
-                    loss = loss_fn(model, batch)
-                    loss.backward()
-                    if cfg.clip is not None:
-                        clip_gradients(params, cfg.clip, cfg.clip_mode)
-                    return loss
-
-                loss = opt.step(closure)  # type: ignore[arg-type]
-            else:
-                opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model, batch)
-                loss.backward()
-                if cfg.skip_nonfinite and not _finite_gradients(params):
-                    opt.zero_grad(set_to_none=True)  # one bad batch does not poison the weights
-                    skipped += 1
-                    skipped_now = True
-                else:
-                    if cfg.clip is not None:
-                        clip_gradients(params, cfg.clip, cfg.clip_mode)
-                    opt.step()
-            step_times.append(time.perf_counter() - t_step - t_draw)
-            done = step + 1
-            row: dict[str, float] | None = None
-            log_now = step % cfg.log_every == 0 or done == cfg.steps
-            eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or done == cfg.steps
-            if log_now or eval_now:  # the only host sync of a step (plus the gradient check when skipping)
-                row = {"step": float(step), "train_loss": float(loss.detach()), "lr": lr}
-                if cfg.skip_nonfinite:
-                    row["skipped_steps"] = float(skipped)
-            if eval_now and row is not None:
-                t_eval = time.perf_counter()
-                row["test_loss"] = evaluate()
-                eval_times.append(time.perf_counter() - t_eval)
-            if row is not None:
-                checked = {k: v for k, v in row.items() if not (skipped_now and k == "train_loss")}
-                bad_param = _first_nonfinite(model)
-                if bad_param is not None or not all(math.isfinite(v) for v in checked.values()):
-                    raise _divergence(description, step, row, bad_param, history, out)
-                history.append(row)
-                if writer is not None:
-                    for k, v in row.items():
-                        if k != "step":
-                            writer.add_scalar(k, v, step)
-                if bar is not None and task_id is not None:
-                    bar.update(task_id, description=f"{description} loss={row['train_loss']:.4g}")
-            if cfg.snapshot_every and done % cfg.snapshot_every == 0:
-                record_snapshot(done)
-            if bar is not None and task_id is not None:
-                bar.update(task_id, completed=done)
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                save(done, False, time.perf_counter() - t0)
-        if bar is not None and task_id is not None and progress is not None:
-            bar.remove_task(task_id)
-    record_snapshot(cfg.steps)
-    seconds = time.perf_counter() - t0
-    save(cfg.steps, True, seconds)
-    if writer is not None:
-        writer.close()
-    timing = None
-    if step_times and device.type == "cpu":  # a GPU step's host time is its launch time, not its cost
-        timing = StepTiming(
-            statistics.median(step_times),
-            len(step_times),
-            sum(eval_times) / len(eval_times) if eval_times else 0.0,
-            len(eval_times),
-            cfg.eval_every,
-            sum(draw_times) / len(draw_times) if draw_times else 0.0,
-            len(draw_times),
-            data.draw_every,
+    def finish(self, t0: float) -> TrainResult:
+        """Finish: the snapshot of the last step, the final checkpoint (marked finished, with the seconds since ``t0``),
+        the TensorBoard writer closed; the result carries this call's :meth:`timing`."""
+        self.record_snapshot(self.cfg.steps)
+        seconds = time.perf_counter() - t0
+        self.save(self.cfg.steps, True, seconds)
+        if self.writer is not None:
+            self.writer.close()
+        return TrainResult(
+            self.model, self.history, _stack(self.snaps), self.snap_steps, self.resumed, seconds, timing=self.timing()
         )
-    return TrainResult(model, history, _stack(snaps), snap_steps, resumed, seconds, timing=timing)
+
+    def timing(self) -> StepTiming | None:
+        """The host timing of the steps this call ran; None on a GPU (a step's host time is its launch time, not its
+        cost) or when no step ran."""
+        if not self.step_times or self.device.type != "cpu":
+            return None
+        return StepTiming(
+            statistics.median(self.step_times),
+            len(self.step_times),
+            sum(self.eval_times) / len(self.eval_times) if self.eval_times else 0.0,
+            len(self.eval_times),
+            self.cfg.eval_every,
+            sum(self.draw_times) / len(self.draw_times) if self.draw_times else 0.0,
+            len(self.draw_times),
+            self.data.draw_every,
+        )
 
 
 def _load_checkpoint(out: Path, device: torch.device) -> dict[str, Any] | None:

@@ -9,12 +9,3 @@ scalar, preconditioners) and Thm 5 (the optimal scale of ReLU attention). One ca
 Run: ``iclab reproduce ahn2023 --preset quick`` (a few minutes on 2 CPU cores) or ``--preset paper``
 (the paper's settings: hours on a CPU, minutes on a GPU). Notes: docs/papers/ahn2023.md.
 """
-
-from iclab.experiments.ahn2023 import fig1 as fig1
-from iclab.experiments.ahn2023 import fig3 as fig3
-from iclab.experiments.ahn2023 import fig6 as fig6
-from iclab.experiments.ahn2023 import fig7 as fig7
-from iclab.experiments.ahn2023 import isotropic as isotropic
-from iclab.experiments.ahn2023 import theorem1 as theorem1
-from iclab.experiments.ahn2023 import theorem2 as theorem2
-from iclab.experiments.ahn2023 import theorem5 as theorem5

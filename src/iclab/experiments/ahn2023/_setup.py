@@ -1,7 +1,6 @@
 """The set-up shared by the cards of Ahn et al. 2023: the task and trainer of Sec. 4.3, the per-seed training
 runs, the Thm-3 S-optimum, the GD / Σ⁻¹-PGD baselines of App. D, and the plot panels several cards draw.
-
-Reference numbers are derived in spec 002 §5.0 and recomputed by :mod:`iclab.theory`.
+Closed forms and optima come from :mod:`iclab.theory.preconditioned_gd`.
 """
 
 from __future__ import annotations
@@ -10,10 +9,11 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from pathlib import Path
+from typing import Any, Literal, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from iclab import algorithms
 from iclab.core.errors import require, require_int
@@ -21,12 +21,12 @@ from iclab.core.numerics import dist_to_identity, sym_sqrt
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import RunContext
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig, Pattern
-from iclab.plotting import band
+from iclab.plotting import band, heatmap, save, subplots
 from iclab.tasks.linear_regression import AHN2023_SPECTRUM, LinearRegression, WeightPrior
 from iclab.theory import preconditioned_gd as th
 from iclab.training import ModelSpec, TrainConfig, TrainingRun, TrainResult
 
-#: The authors' trainer (Sec. 4.3 and their code's hidden settings, spec 002 §3.1): AdamW β = (0.99, 0.9), lr 0.02
+#: The authors' trainer (Sec. 4.3 and the settings of their code): AdamW β = (0.99, 0.9), lr 0.02
 #: halved every 2000 steps, 30 000 steps of 20 000 prompts resampled every 100, per-matrix clipping 0.01.
 PAPER_TRAIN: dict[str, Any] = dict(
     optimizer="adamw",
@@ -48,7 +48,16 @@ PAPER_TRAIN: dict[str, Any] = dict(
     dtype="float32",
 )
 
-#: The training part of every smoke preset: seconds (claims it cannot meet are listed in smoke_unchecked).
+#: L-BFGS on one fixed training set (its size is the card's), never resampled: Fig. 3c, and the quick presets of
+#: Figs 6 and 7 (which evaluate the final model)
+LBFGS: dict[str, Any] = dict(optimizer="lbfgs", lr=0.1, resample_every=0, schedule="constant", clip=None)
+LBFGS_QUICK: dict[str, Any] = dict(LBFGS, eval_batch=20_000, eval_every=50, select_last=0)
+
+#: The quick presets' Adam + cosine, in place of the authors' AdamW β = (0.99, 0.9) step schedule: it reaches the
+#: optimum in a few thousand steps where the paper's schedule needs tens of thousands.
+ADAM_QUICK: dict[str, Any] = dict(optimizer="adam", lr=0.05, betas=(0.9, 0.999), schedule="cosine")
+
+#: The training part of every smoke preset: seconds (claims it cannot meet carry a ``smoke`` reason).
 SMOKE: dict[str, Any] = dict(seeds=1, steps=20, batch_size=256, eval_batch=256, eval_every=10)
 
 
@@ -188,6 +197,28 @@ def sparse_reference(d: int, n: int, L: int, samples: int) -> SparseReference:
     return SparseReference(a=torch.as_tensor(a, dtype=torch.float64), loss=float(loss))
 
 
+def layer_dist_panel(ax: Any, runs: list[SeedRun], i: int, title: str) -> None:
+    """Mean ± std over runs of Dist(A_i, I) (red) and Dist(Σ^½A_iΣ^½, I) (blue) of layer ``i`` over the snapshots."""
+    x = runs[0].snap_steps.numpy()
+    band(ax, x, torch.stack([dist_to_identity(r.A[:, i]) for r in runs]), label=f"A_{i}", color="tab:red")
+    rot = torch.stack([dist_to_identity(sigma_conj(r.A[:, i], r.Sigma)) for r in runs])
+    band(ax, x, rot, label=f"Σ^½A_{i}Σ^½", color="tab:blue")
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("distance to Id")
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+
+
+def rotated_heatmaps(run: SeedRun, path: Path) -> Path:
+    """Σ^½A_iΣ^½ of every layer of ``run`` at the end, one heat map each (Figs 2 and 5)."""
+    final = sigma_conj(run.A[-1], run.Sigma)
+    fig, axes = subplots(1, final.shape[0], size=(2.6, 2.6))
+    for i in range(final.shape[0]):
+        heatmap(axes[0, i], final[i], title=f"Σ^½ A_{i} Σ^½")
+    return save(fig, path)
+
+
 def log_loss_panel(ax: Any, runs: list[SeedRun], title: str, reference: float | None = None, label: str = "") -> None:
     """Mean ± std over runs of the log test loss, with a dashed reference loss if given."""
     band(ax, runs[0].steps.numpy(), torch.stack([r.test_loss for r in runs]), log=True, color="k", label="test loss")
@@ -202,7 +233,8 @@ def log_loss_panel(ax: Any, runs: list[SeedRun], title: str, reference: float | 
 # ---------------------------------------------------------------------------------------------------------------
 # Figures 6 and 7 (App. D): trained transformer vs GD, Σ⁻¹-PGD and least squares
 
-#: Spec 002 §5.0 (paper spectrum, w⋆ ~ N(0, Σ⁻¹), all N examples, best constant normalised step).
+#: Reference test losses of 3 steps of Σ⁻¹-PGD / GD by N and log-losses of L steps at N = 20 (Monte-Carlo, 1e5-2e5
+#: prompts: the paper spectrum, w⋆ ~ N(0, Σ⁻¹), all N examples, best constant normalised step).
 PGD3_BY_N = dict(
     zip(range(2, 21, 2), (3.385, 2.313, 1.630, 1.175, 0.869, 0.663, 0.518, 0.410, 0.328, 0.268), strict=True)
 )
@@ -217,7 +249,7 @@ LOG_PGD_BY_L = {1: 0.143, 2: -0.696, 3: -1.319, 4: -1.825}
 class BaselineConfig(LinearSetup):
     """``select_last``: the transformer evaluated is the one of the last ``select_last`` parameter snapshots (every
     ``train.snapshot_every`` steps, the final model included) with the lowest loss on the validation episode, as
-    the authors' notebooks do (spec 002 §3.4: "given short(er) training steps, may have some unstable
+    the authors' notebooks do (their comment: "given short(er) training steps, may have some unstable
     solutions"); 0 = the final model."""
 
     step_bounds: tuple[float, float] = (1e-3, 1.5)  # bracket of the constant-step searches
@@ -271,16 +303,18 @@ def baselines(cfg: BaselineConfig, task: LinearRegression, n: int, L: int, seed:
     eye, prec = torch.eye(task.d, dtype=torch.float64), torch.linalg.inv(task.Sigma)
     out: dict[str, float] = {}
     for name, pre in (("gd", eye), ("pgd", prec)):
-        step, _ = th.best_constant_step(
-            lambda s, pre=pre: th.episode_loss(algorithms.pgd(pre, [s] * L), val), cfg.step_bounds
-        )
+
+        def val_loss(s: float, pre: Tensor = pre) -> float:
+            return th.episode_loss(algorithms.pgd(pre, [s] * L), val)
+
+        step, _ = th.best_constant_step(val_loss, cfg.step_bounds)
         out[name] = th.episode_loss(algorithms.pgd(pre, [step] * L), test)
         out[f"{name}_step"] = step
     out["ols"] = th.episode_loss(algorithms.BayesPosteriorMean(), test)
     return Baselines(**out), val, test
 
 
-def _parameters(model: LinearTransformer) -> dict[str, Tensor]:
+def _parameters(model: nn.Module) -> dict[str, Tensor]:
     return {k: p.detach() for k, p in model.named_parameters()}
 
 
@@ -288,7 +322,7 @@ def select_snapshot(result: TrainResult, last: int, val: Any) -> tuple[LinearTra
     """The model (float64, CPU) of the last ``last`` snapshots of ``result`` with the lowest loss on ``val``, and
     its step: the authors' model selection of Figs 6 and 7 (the best of the last 10 / 20 checkpoints, every 100
     steps, on a validation batch)."""
-    model = result.model.double().cpu()
+    model = cast(LinearTransformer, result.model).double().cpu()
     params = dict(model.named_parameters())
 
     def load(i: int) -> None:
@@ -323,10 +357,25 @@ def compare(cfg: BaselineConfig, ctx: RunContext, points: list[tuple[int, int]],
     rows = []
     for (n, L, s, task), res in zip(jobs, ctx.execute(runs), strict=True):
         base, val, test = baselines(cfg, task, n, L, s)
-        model, step = select_snapshot(res, cfg.select_last, val) if cfg.select_last else (res.model.double().cpu(), -1)
+        model, step = (
+            select_snapshot(res, cfg.select_last, val)
+            if cfg.select_last
+            else (cast(LinearTransformer, res.model).double().cpu(), -1)
+        )
         tf = th.episode_loss(model, test)
         rows.append(ComparisonRow(n=n, L=L, seed=s, tf=tf, tf_step=step, **dataclasses.asdict(base)))
     return rows
+
+
+def method_plot(rows: list[ComparisonRow], by: str, lines: tuple[tuple[str, str, str], ...], log: bool) -> Any:
+    """The one panel of Fig. 6 / 7: for each (key, label, style) of ``lines``, ``row.<key>`` averaged over seeds (its
+    log with ``log``) against ``row.<by>``; returns (figure, axes) for the card to finish."""
+    fig, axes = subplots(1, 1, size=(4.4, 3.2))
+    ax = axes[0, 0]
+    for key, label, style in lines:
+        m = mean_by(rows, key, by, log=log)
+        ax.plot(list(m), list(m.values()), style, label=label, ms=4)
+    return fig, ax
 
 
 def mean_by(rows: list[ComparisonRow], key: str, by: str, *, log: bool = False) -> dict[int, float]:

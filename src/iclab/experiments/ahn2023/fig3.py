@@ -1,6 +1,7 @@
 """Ahn et al. 2023, Fig. 3-5 (Thm 4): an L = 3 linear transformer with pattern (11), P_i = [[B_i, 0], [0, 1]] and
 Q_i = [[A_i, 0], [0, 0]], trained by L-BFGS on one fixed batch (Fig. 3c), learns GD++ with Σ⁻¹ preconditioning:
 B_i → b_i I, A_i → a_i Σ⁻¹ (Thm 4's set S), ‖A_0‖ < ‖A_1‖ < ‖A_2‖ (App. D), and a loss far below pattern (8)'s.
+Fig. 4: B_0, B_1; Fig. 5: Σ^½A_iΣ^½ at the end of run 0.
 
 Run: ``iclab run ahn2023.fig3 --preset quick``
 
@@ -12,13 +13,11 @@ Claims:
 - projection_onto_S_does_not_hurt: replacing A_i by a_iΣ⁻¹ and B_i by b_iI raises the fresh-prompt loss by at
   most tol.projection_rtol
 
-Time on 2 CPU cores: quick 51 s (1 run, 400 L-BFGS iterations on 8000 prompts); paper 460-497 s (3 runs,
-2000 iterations on 20 000 prompts; 4/5 claims).
+Time on 2 CPU cores: quick 51 s; paper 460-497 s (4/5 claims).
 
-What did not match: at the paper preset Dist(Σ^½A_0Σ^½, I) stops at 0.12-0.13 (> 0.1) in all three runs; the
-projection onto S lowers the fresh-prompt loss by 23-59%, so what the model has outside S is fitted to its one
-fixed batch, not to the task. At quick the structure is still forming (Dist ≈ 0.3, loss 1.3e-3). The authors' code
-uses n = 20 where the text says 10. See docs/papers/ahn2023.md and docs/errata.md (seed 002).
+What did not match: at paper Dist(Σ^½A_0Σ^½, I) stops at 0.12-0.13 (> 0.1), and the projection onto S lowers the
+fresh-prompt loss by 23-59%: what the model has outside S is fitted to its one fixed batch. The authors' code uses
+n = 20 where the text says 10 (docs/papers/ahn2023.md, docs/errata.md).
 """
 
 from __future__ import annotations
@@ -31,8 +30,19 @@ from torch import Tensor
 
 from iclab.core.numerics import dist_to_identity, sym_sqrt
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.ahn2023._setup import LinearSetup, SeedRun, log_loss_panel, paper_train, seed_runs, sigma_conj
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.ahn2023._setup import (
+    LBFGS,
+    SMOKE,
+    LinearSetup,
+    SeedRun,
+    layer_dist_panel,
+    log_loss_panel,
+    paper_train,
+    rotated_heatmaps,
+    seed_runs,
+    sigma_conj,
+)
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
 from iclab.plotting import band, heatmap, save, subplots
 from iclab.tasks import LinearRegression
@@ -42,7 +52,7 @@ from iclab.training import TrainConfig
 
 @dataclass(frozen=True, kw_only=True)
 class Fig3Tolerances:
-    loss_hi: float = 2e-3  # "converging to 0": the S-optimum is ≈ 7e-4 (spec 002 claim 15-16)
+    loss_hi: float = 2e-3  # "converging to 0": the S-optimum is ≈ 7e-4
     dist_tol: float = 0.1
     increasing_lo: float = 0.5  # fraction of runs whose step norms increase with depth
     projection_rtol: float = 0.02  # projecting onto S may not raise the fresh-prompt loss by more than this
@@ -50,17 +60,7 @@ class Fig3Tolerances:
 
 def _lbfgs_notebook() -> TrainConfig:
     """The Fig. 3c text and the authors' L-BFGS notebook: 2000 iterations on one fixed batch, never resampled."""
-    return paper_train(
-        optimizer="lbfgs",
-        lr=0.1,
-        steps=2000,
-        train_size=20_000,
-        resample_every=0,
-        schedule="constant",
-        clip=None,
-        snapshot_every=10,
-        eval_every=10,
-    )
+    return paper_train(**LBFGS, steps=2000, train_size=20_000, snapshot_every=10, eval_every=10)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,37 +90,19 @@ def plot(results: Fig3Results, cfg: Fig3Config, out: Path) -> list[Path]:
     x = runs[0].snap_steps.numpy()
     fig, axes = subplots(2, L)
     for i in range(L - 1):
-        band(
-            axes[0, i], x, torch.stack([dist_to_identity(_B(r)[:, i]) for r in runs]), label=f"B_{i}", color="tab:blue"
-        )
+        dist = torch.stack([dist_to_identity(_B(r)[:, i]) for r in runs])
+        band(axes[0, i], x, dist, label=f"B_{i}", color="tab:blue")
         axes[0, i].set_ylim(0, 1.02)
         axes[0, i].set_title(f"({'ab'[i] if i < 2 else i}) Dist(B_{i}, I)")
         axes[0, i].set_xlabel("iteration")
     log_loss_panel(axes[0, L - 1], runs, "(c) log in-context loss")
     for i in range(L):
-        ax = axes[1, i]
-        band(ax, x, torch.stack([dist_to_identity(r.A[:, i]) for r in runs]), label=f"A_{i}", color="tab:red")
-        band(
-            ax,
-            x,
-            torch.stack([dist_to_identity(sigma_conj(r.A[:, i], r.Sigma)) for r in runs]),
-            label=f"Σ^½A_{i}Σ^½",
-            color="tab:blue",
-        )
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"({'def'[i] if i < 3 else i}) layer {i}")
-        ax.set_xlabel("iteration")
-        ax.legend(fontsize=7)
+        layer_dist_panel(axes[1, i], runs, i, f"({'def'[i] if i < 3 else i}) layer {i}")
     f3 = save(fig, out / "fig3.png")
     fig, axes = subplots(1, L - 1, size=(2.6, 2.6))
     for i in range(L - 1):
         heatmap(axes[0, i], _B(runs[0])[-1, i], title=f"B_{i}")
-    f4 = save(fig, out / "fig4.png")
-    fig, axes = subplots(1, L, size=(2.6, 2.6))
-    final = sigma_conj(runs[0].A[-1], runs[0].Sigma)
-    for i in range(L):
-        heatmap(axes[0, i], final[i], title=f"Σ^½ A_{i} Σ^½")
-    return [f3, f4, save(fig, out / "fig5.png")]
+    return [f3, save(fig, out / "fig4.png"), rotated_heatmaps(runs[0], out / "fig5.png")]
 
 
 def _projected_onto_S(Sigma: Tensor, A: Tensor, B: Tensor, cfg: Fig3Config) -> tuple[float, float]:
@@ -162,25 +144,29 @@ def claims(results: Fig3Results, cfg: Fig3Config) -> list[ClaimResult]:
             "loss_far_below_sparse_optimum",
             final_loss,
             hi=cfg.tol.loss_hi,
-            detail="mean final test loss; sparse (8) S-optimum is 0.133, the (11) S-optimum ≈ 7e-4 (spec 002 §3.2)",
+            detail="mean final test loss; sparse (8) S-optimum is 0.133, the (11) S-optimum ≈ 7e-4",
+            smoke="5 L-BFGS iterations: the loss (≈ 1.5) has not left its plateau",
         ),
         check(
             "B_is_scaled_identity",
             distB.max().item(),
             hi=cfg.tol.dist_tol,
             detail="max Dist(B_i, I), i < L-1 (B_{L-1} does not affect the loss)",
+            smoke="5 L-BFGS iterations: Dist(B_i, I) ≈ 0.7, the structure has not formed",
         ),
         check(
             "rotated_A_is_scaled_identity",
             distA.max().item(),
             hi=cfg.tol.dist_tol,
             detail="max Dist(Σ^½A_iΣ^½, I) (Thm 4)",
+            smoke="5 L-BFGS iterations: Dist(Σ^½A_iΣ^½, I) ≈ 0.7, the structure has not formed",
         ),
         check(
             "step_norms_increase_with_depth",
             increasing,
             lo=cfg.tol.increasing_lo,
             detail="fraction of runs with ‖A_0‖ < ‖A_1‖ < ‖A_2‖ (App. D)",
+            smoke="5 L-BFGS iterations: the step sizes have not separated by depth",
         ),
         check(
             "projection_onto_S_does_not_hurt",
@@ -194,39 +180,13 @@ def claims(results: Fig3Results, cfg: Fig3Config) -> list[ClaimResult]:
     ]
 
 
-FIG3 = register(
-    Experiment(
-        name="ahn2023.fig3",
-        title="Fig. 3-5: L=3 linear transformer with pattern (11) learns GD++ with Σ⁻¹ preconditioning (Thm 4)",
-        config=Fig3Config,
-        presets={
-            "smoke": dict(
-                seeds=1,
-                steps=5,
-                train_size=256,
-                batch_size=256,
-                eval_batch=256,
-                snapshot_every=1,
-                eval_every=1,
-                projection_samples=2000,
-            ),
-            # quick: one run, 400 L-BFGS iterations on 8000 prompts: test loss ≈ 1.3e-3, Dist(B_i, I) ≈ 0.32, not
-            # the paper's 7e-4 (that needs the 20 000-prompt batch and ~700 iterations of the paper preset). At 250
-            # iterations Dist(B_i, I) sat at 0.48-0.51, on the tolerance, and flipped with float32 rounding.
-            "quick": dict(
-                seeds=1, steps=400, train_size=8000, batch_size=8000, eval_batch=20_000, loss_hi=1e-2, dist_tol=0.5
-            ),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="d=5, n=20 (the authors' code; the text says 10), L-BFGS on one fixed batch as in Fig. 3c. Fig. 4: B_0, B_1; Fig. 5: Σ^½A_iΣ^½ at the end of run 0.",
-        smoke_unchecked={
-            "loss_far_below_sparse_optimum": "5 L-BFGS iterations: the loss (≈ 1.5) has not left its plateau",
-            "B_is_scaled_identity": "5 L-BFGS iterations: Dist(B_i, I) ≈ 0.7, the structure has not formed",
-            "rotated_A_is_scaled_identity": "5 L-BFGS iterations: Dist(Σ^½A_iΣ^½, I) ≈ 0.7, the structure has not formed",
-            "step_norms_increase_with_depth": "5 L-BFGS iterations: the step sizes have not separated by depth",
-        },
-    )
+SMOKE_FIG3 = dict(SMOKE, steps=5, eval_every=1, train_size=256, snapshot_every=1, projection_samples=2000)
+# 400 L-BFGS iterations on 8000 prompts: test loss ≈ 1.3e-3, Dist(B_i, I) ≈ 0.32, not yet the paper's 7e-4 (that needs
+# the 20 000-prompt batch and ~700 iterations); at 250 iterations Dist(B_i, I) sat on the tolerance, at 0.48-0.51.
+QUICK = dict(seeds=1, steps=400, train_size=8000, batch_size=8000, eval_batch=20_000, loss_hi=1e-2, dist_tol=0.5)
+CARD = card(
+    Fig3Config,
+    "Fig. 3-5: L=3 linear transformer with pattern (11) learns GD++ with Σ⁻¹ preconditioning (Thm 4)",
+    smoke=SMOKE_FIG3,
+    quick=QUICK,
 )

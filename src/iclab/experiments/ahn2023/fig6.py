@@ -1,21 +1,19 @@
 """Ahn et al. 2023, Fig. 6 (App. D): test loss against the number of in-context examples N, d = 5, Σ = UᵀDU,
 w⋆ ~ N(0, Σ⁻¹): the 3-layer pattern-(11) transformer beats 3 steps of Σ⁻¹-preconditioned GD, which beats 3 steps of
-GD (both with the best constant step, chosen on a validation batch); least squares shown for reference.
+GD (both with the best constant step on the normalised gradient, chosen on a validation batch); least squares shown
+for reference.
 
 Run: ``iclab run ahn2023.fig6 --preset quick``
 
 Claims:
-- baselines_match_reference: the GD3 / PGD3 losses within tol.baseline_rtol of spec 002 §5.0 at every N
+- baselines_match_reference: the GD3 / PGD3 losses within tol.baseline_rtol of their Monte-Carlo references at every N
 - least_squares_loss_is_d_minus_N: whitened min-norm least squares has loss max(d − N, 0) (within tol.baseline_rtol)
 - tf_beats_pgd_beats_gd: TF < PGD3 < GD3 at every N ≥ 6
 
-Time on 2 CPU cores: quick 31 s (N ∈ {8, 12, 16, 20}, one seed, 100 L-BFGS iterations on 4000 prompts); paper: 3.6 h
-projected (50 AdamW runs of 8000 steps of 40 000 prompts); a reduced run (1 seed, 1500 steps) passes 3/3 in 14 min
-with ``--workers 2`` (session 14).
+Time on 2 CPU cores: quick 31 s; paper 3.6 h projected (1 seed of 1500 steps: 3/3 in 14 min with ``--workers 2``).
 
-What did not match: the quick preset starts at N = 8: an L-BFGS fit on 4000 fixed prompts at N ≤ 6 has a heavy-tailed
-test loss (one run gave 10³ at N = 2); the paper preset trains N = 2..20 online with AdamW as the authors did. The
-authors' baselines drop one example (off-by-one), ours do not. See docs/papers/ahn2023.md and docs/errata.md.
+What did not match: quick starts at N = 8, since L-BFGS on 4000 fixed prompts at N ≤ 6 has a heavy-tailed test loss;
+the authors' baselines drop one example (off-by-one), ours do not (docs/papers/ahn2023.md, docs/errata.md).
 """
 
 from __future__ import annotations
@@ -26,15 +24,18 @@ from pathlib import Path
 from iclab.core.errors import is_int, require
 from iclab.experiments.ahn2023._setup import (
     GD3_BY_N,
+    LBFGS_QUICK,
     PGD3_BY_N,
+    SMOKE,
     BaselineConfig,
     ComparisonRow,
     compare,
     mean_by,
+    method_plot,
     paper_train,
 )
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
-from iclab.plotting import save, subplots
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
+from iclab.plotting import save
 from iclab.training import TrainConfig
 
 
@@ -79,17 +80,9 @@ def run(cfg: Fig6Config, ctx: RunContext) -> Fig6Results:
 
 
 def plot(results: Fig6Results, cfg: Fig6Config, out: Path) -> list[Path]:
-    rows = results.rows
-    fig, axes = subplots(1, 1, size=(4.4, 3.2))
-    ax = axes[0, 0]
-    for key, label, style in (
-        ("tf", f"{cfg.n_layers}-layer TF (11)", "o-"),
-        ("pgd", f"{cfg.n_layers}-step Σ⁻¹-PGD", "s-"),
-        ("gd", f"{cfg.n_layers}-step GD", "^-"),
-        ("ols", "least squares (whitened min-norm)", "x--"),
-    ):
-        m = mean_by(rows, key, "n")
-        ax.plot(list(m), list(m.values()), style, label=label, ms=4)
+    L = cfg.n_layers
+    lines = (("tf", f"{L}-layer TF (11)", "o-"), ("pgd", f"{L}-step Σ⁻¹-PGD", "s-"), ("gd", f"{L}-step GD", "^-"))
+    fig, ax = method_plot(results.rows, "n", (*lines, ("ols", "least squares (whitened min-norm)", "x--")), log=False)
     ax.set_xlabel("number of ICL examples N")
     ax.set_ylabel("test loss")
     ax.set_yscale("log")
@@ -110,7 +103,8 @@ def claims(results: Fig6Results, cfg: Fig6Config) -> list[ClaimResult]:
                 "baselines_match_reference",
                 err,
                 hi=cfg.tol.baseline_rtol,
-                detail="max relative gap of GD3 / PGD3 losses to spec 002 §5.0 over N",
+                detail="max relative gap of GD3 / PGD3 losses to their Monte-Carlo references over N",
+                smoke="512 test prompts: the Monte-Carlo error (≈ 10%) exceeds the 5% tolerance",
             )
         )
     ols_err = max(abs(ols[n] - max(cfg.d - n, 0)) / max(cfg.d - n, 1) for n in cfg.ns)
@@ -132,44 +126,18 @@ def claims(results: Fig6Results, cfg: Fig6Config) -> list[ClaimResult]:
                 frac,
                 lo=1.0,
                 detail=f"fraction of N ≥ 6 with TF < PGD3 < GD3; TF {[round(tf[n], 3) for n in big]}",
+                smoke="5 training steps: the transformer is still near its initial loss",
             )
         )
     return out
 
 
-FIG6 = register(
-    Experiment(
-        name="ahn2023.fig6",
-        title="Fig. 6: test loss vs number of in-context examples, 3-layer TF vs GD, Σ⁻¹-PGD, least squares",
-        config=Fig6Config,
-        presets={
-            "smoke": dict(ns=(2, 6), seeds=1, steps=5, batch_size=256, eval_batch=512, eval_every=5, select_last=0),
-            "quick": dict(
-                # quick: L-BFGS on 4000 fixed prompts; below N ≈ d it overfits to a heavy-tailed test loss,
-                # so the quick preset starts at N = 8 (the paper preset trains N = 2..20 online with Adam).
-                ns=(8, 12, 16, 20),
-                seeds=1,
-                optimizer="lbfgs",
-                lr=0.1,
-                steps=100,
-                train_size=4000,
-                batch_size=4000,
-                resample_every=0,
-                schedule="constant",
-                clip=None,
-                eval_batch=20_000,
-                eval_every=50,
-                select_last=0,  # L-BFGS on a fixed set: the final model
-            ),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="d=5, Σ = UᵀDU, w⋆ ~ N(0, Σ⁻¹). GD and PGD use the best constant step on the normalised gradient, chosen on a validation batch; the authors' code also drops one example (off-by-one, docs/errata.md), we do not.",
-        smoke_unchecked={
-            "baselines_match_reference": "512 test prompts: the Monte-Carlo error (≈ 10%) exceeds the 5% tolerance",
-            "tf_beats_pgd_beats_gd": "5 training steps: the transformer is still near its initial loss",
-        },
-    )
+SMOKE_FIG6 = dict(SMOKE, ns=(2, 6), steps=5, eval_batch=512, eval_every=5, select_last=0)
+# L-BFGS on 4000 fixed prompts overfits below N ≈ d to a heavy-tailed test loss: quick starts at N = 8
+QUICK = dict(LBFGS_QUICK, ns=(8, 12, 16, 20), seeds=1, steps=100, train_size=4000, batch_size=4000)
+CARD = card(
+    Fig6Config,
+    "Fig. 6: test loss vs number of in-context examples, 3-layer TF vs GD, Σ⁻¹-PGD, least squares",
+    smoke=SMOKE_FIG6,
+    quick=QUICK,
 )

@@ -1,7 +1,7 @@
-"""Ahn et al. 2023, Thm 5 (no figure in the paper): single-layer ReLU attention on isotropic data (x, w⋆ ~ N(0, I))
-is optimal at Q_0 = −2n/(n+2d+3)·[[I, 0], [0, 0]], about twice the linear step n/(n+d+1) of eq. (7) because ReLU
-passes half the signal (E σ' = ½), with loss d(2d+3)/(n+2d+3). Checked on common random numbers along the line
-c·[[I, 0], [0, 0]], against the linear model's loss d(d+1)/(n+d+1). No training.
+"""Ahn et al. 2023, Thm 5 (no figure in the paper): single-layer ReLU attention on isotropic data (x, w⋆ ~ N(0, I),
+d = 5, n = 20) is optimal at Q_0 = −2n/(n+2d+3)·[[I, 0], [0, 0]], about twice the linear step n/(n+d+1) of eq. (7)
+because ReLU passes half the signal (E σ' = ½), with loss d(2d+3)/(n+2d+3). Checked on common random numbers along
+the line c·[[I, 0], [0, 0]], against the linear model's loss d(d+1)/(n+d+1). No training.
 
 Run: ``iclab run ahn2023.theorem5 --preset quick``
 
@@ -10,10 +10,9 @@ Claims:
 - c_star_is_the_best_scale: the grid point with the lowest loss is f = 1 (± tol.best_scale_atol)
 - relu_worse_than_linear: the ReLU optimum's loss is above the linear one's
 
-Time on 2 CPU cores: quick 5 s (2·10⁵ prompts); paper 32 s (10⁶ prompts; 3/3 claims, 1.9735 vs exact
-65/33 = 1.9697).
+Time on 2 CPU cores: quick 5 s; paper 32 s (3/3 claims, 1.9735 vs exact 65/33 = 1.9697).
 
-What did not match: nothing. See docs/papers/ahn2023.md.
+What did not match: nothing (docs/papers/ahn2023.md).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import torch
 from iclab import algorithms, constructions
 from iclab.core.errors import require_int
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.plotting import save, subplots
 from iclab.tasks import LinearRegression
 from iclab.theory import preconditioned_gd as th
@@ -68,12 +67,9 @@ def run(cfg: Theorem5Config, ctx: RunContext) -> Theorem5Results:
     c_star = th.theorem5_scale(cfg.d, cfg.n)
     ep = task.sample(cfg.mc_batch, cfg.n, generator=generator(derive_seed(cfg.seed, "thm5")), dtype=torch.float64)
     eye = torch.eye(cfg.d, dtype=torch.float64)
-    relu = [
-        ((constructions.one_layer(f * c_star * eye, activation="relu").predict(ep) - ep.y_query) ** 2).mean().item()
-        for f in cfg.grid
-    ]
+    relu = [th.episode_loss(constructions.one_layer(f * c_star * eye, activation="relu"), ep) for f in cfg.grid]
     lin_c = cfg.n / (cfg.n + cfg.d + 1)
-    lin = [((algorithms.pgd(eye, [f * lin_c]).predict(ep) - ep.y_query) ** 2).mean().item() for f in cfg.grid]
+    lin = [th.episode_loss(algorithms.pgd(eye, [f * lin_c]), ep) for f in cfg.grid]
     return Theorem5Results(
         c_star=c_star,
         grid=list(cfg.grid),
@@ -92,8 +88,7 @@ def plot(results: Theorem5Results, cfg: Theorem5Config, out: Path) -> list[Path]
     ax.plot(results.grid, results.linear_loss, "s-", label=f"linear attention, c = f·{results.linear_c:.3f}")
     ax.axhline(results.theory_loss, ls="--", color="tab:blue", lw=0.8, label="d(2d+3)/(n+2d+3)")
     ax.axhline(results.linear_theory_loss, ls="--", color="tab:orange", lw=0.8, label="d(d+1)/(n+d+1)")
-    ax.set_xlabel("f (multiple of the optimal scale)")
-    ax.set_ylabel("in-context loss")
+    ax.set(xlabel="f (multiple of the optimal scale)", ylabel="in-context loss")
     ax.legend(fontsize=7)
     return [save(fig, out / "theorem5.png")]
 
@@ -109,6 +104,7 @@ def claims(results: Theorem5Results, cfg: Theorem5Config) -> list[ClaimResult]:
             expected=results.theory_loss,
             rtol=cfg.tol.loss_rtol,
             detail="MC loss of Q_0 = −2n/(n+2d+3)[[I,0],[0,0]] vs d(2d+3)/(n+2d+3)",
+            smoke="2000 Monte-Carlo prompts: the sampling error (3.5% here) exceeds the 1% tolerance",
         ),
         check(
             "c_star_is_the_best_scale",
@@ -126,22 +122,10 @@ def claims(results: Theorem5Results, cfg: Theorem5Config) -> list[ClaimResult]:
     ]
 
 
-THEOREM5 = register(
-    Experiment(
-        name="ahn2023.theorem5",
-        title="Thm 5: single-layer ReLU attention is optimal at Q_0 = −2n/(n+2d+3)[[I,0],[0,0]]",
-        config=Theorem5Config,
-        presets={
-            "smoke": dict(mc_batch=2000, grid=(0.5, 1.0, 1.5)),
-            "quick": dict(mc_batch=200_000, loss_rtol=0.015),
-            "paper": dict(mc_batch=1_000_000),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="Isotropic x, w⋆ ~ N(0, I), d=5, n=20. Loss of the Thm-5 construction along the line c·[[I,0],[0,0]] against the linear model's (eq. 7); the paper has no figure for this.",
-        smoke_unchecked={
-            "relu_loss_at_c_star": "2000 Monte-Carlo prompts: the sampling error (3.5% here) exceeds the 1% tolerance",
-        },
-    )
+CARD = card(
+    Theorem5Config,
+    "Thm 5: single-layer ReLU attention is optimal at Q_0 = −2n/(n+2d+3)[[I,0],[0,0]]",
+    smoke=dict(mc_batch=2000, grid=(0.5, 1.0, 1.5)),
+    quick=dict(mc_batch=200_000, loss_rtol=0.015),
+    paper=dict(mc_batch=1_000_000),
 )

@@ -10,10 +10,3 @@ Run: ``iclab reproduce cheng2024 --preset quick`` (minutes on 2 CPU cores; a red
 ``--preset paper`` (App. H.1's settings: batch 30 000 resampled every 10 steps, 3 seeds with their
 own Σ = UᵀDU; weeks on a CPU, meant for a GPU). Notes and results: docs/papers/cheng2024.md.
 """
-
-from iclab.experiments.cheng2024 import fig1 as fig1
-from iclab.experiments.cheng2024 import fig2 as fig2
-from iclab.experiments.cheng2024 import fig3 as fig3
-from iclab.experiments.cheng2024 import fig4 as fig4
-from iclab.experiments.cheng2024 import fig5 as fig5
-from iclab.experiments.cheng2024 import fig6 as fig6

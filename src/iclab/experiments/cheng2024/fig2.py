@@ -1,8 +1,8 @@
 """Fig. 2 of Cheng, Chen, Sra 2024: log test ICL loss against the number of layers L ∈ 1..8 at n = 14 and
 n = 6, on K^relu and K^exp data, for three attention activations (relu, exp, softmax: the paper does not name
-its three), with the Bayes predictor (eq. 13) on the same test prompts. §3.3: the matched h̃ is best
-(Observation 1, softmax ignored), the relu model's gap to Bayes does not close with depth (the A ≡ 0 family's
-optimum leaves 0.10, spec 000 §6.0), and h̃ = exp overtakes softmax on K^exp at n = 6 for deep models (2d).
+its three; A free), with the Bayes predictor (eq. 13) on the same test prompts (dashed). §3.3: the matched h̃ is
+best (Observation 1, softmax ignored), the relu model's gap to Bayes does not close with depth (the A ≡ 0 family's
+optimum leaves 0.10), and h̃ = exp overtakes softmax on K^exp at n = 6 for deep models (2d).
 
 Run: ``iclab run cheng2024.fig2 --preset quick``
 
@@ -14,48 +14,41 @@ Claims:
   (softmax a rival) >= tol.deep_frac
 - no_model_beats_bayes: min over models of the paired (loss − Bayes)/s.e. >= tol.bayes_z_min (−3)
 
-Time on the 2-core CPU: quick (K^relu, n = 14, L ∈ {1, 3, 5}, 1 seed, 250 steps of 1000 prompts; 9 models)
-31-63 s; paper (the whole grid, 3 seeds, 3000 steps of 30 000 prompts; 288 models): 17.5 core-hours probed
-(session 14), the longest model 12 min, so ≈ 2 h on 8 Ray workers. A reduced run (1 seed, n = 14, L ∈ {1, 3, 5},
-500 steps) gives 3/3 in 3.6 min (session 15; docs/papers/cheng2024.md).
+Time on 2 CPU cores: quick 31-63 s (9 models); paper 17.5 core-hours (288 models), ≈ 2 h on 8 Ray workers.
 
-What did not match (docs/papers/cheng2024.md): at quick softmax edges relu at L = 3 and beats it at L = 5,
-which is why softmax is no rival (as the paper says); a single-seed deep relu model can stall near its L = 1
-loss (0.527 at L = 5 vs 0.371 at L = 3), so quick's relu curve is not monotone in L; the n = 6 exp/softmax
-ordering is a ≈ 3% effect left to ``paper``.
+What did not match: at quick softmax edges relu (no rival, as the paper says), a one-seed deep relu model can stall,
+and the ≈ 3 % n = 6 exp/softmax ordering is left to ``paper`` (docs/papers/cheng2024.md).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from iclab.core.errors import require_int
 from iclab.experiments.cheng2024._setup import (
-    ATTENTIONS,
-    KERNEL_NAMES,
     QUICK,
     SMOKE,
     UNTRAINED,
-    GPSetup,
+    GridSetup,
     ModelRow,
     loss_panel,
-    matched_best,
+    matched_claim,
     mean,
     model_job,
     no_model_beats_bayes,
     require_ints,
-    require_names,
     train_and_measure,
 )
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.plotting import save, subplots
 
 
 @dataclass(frozen=True, kw_only=True)
 class Fig2Tolerances:
-    relu_gap_min: float = 0.05  # spec claim 17: the relu-Bayes gap on K^relu at n = 14 stays open
-    deep_from: int = 5  # spec claim 15: exp best on K^exp at n = 6 for L >= deep_from
+    relu_gap_min: float = 0.05  # the relu-Bayes gap on K^relu at n = 14 stays open (Fig. 2a)
+    deep_from: int = 5  # exp best on K^exp at n = 6 for L >= deep_from (Fig. 2d)
     deep_frac: float = 1.0  # fraction of the L grid where the matched h̃ must win
     bayes_z_min: float = -3.0  # no model beats Bayes by more than 3 paired standard errors
 
@@ -64,18 +57,15 @@ class Fig2Tolerances:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Fig2Config(GPSetup):
+class Fig2Config(GridSetup):
     kernels: tuple[str, ...] = ("relu", "exp")
-    attentions: tuple[str, ...] = ("relu", "exp", "softmax")  # the paper does not say which three [FLAG]
+    attentions: tuple[str, ...] = ("relu", "exp", "softmax")  # the paper does not say which three
     ns: tuple[int, ...] = (14, 6)
     layers: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     tol: Fig2Tolerances = field(default_factory=Fig2Tolerances)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require_names(self, "kernels", self.kernels, KERNEL_NAMES)
-        require_names(self, "attentions", self.attentions, ATTENTIONS)
-        require_ints(self, "ns", self.ns)
         require_ints(self, "layers", self.layers)
 
 
@@ -106,72 +96,33 @@ def plot(results: Fig2Results, cfg: Fig2Config, out: Path) -> list[Path]:
 
 
 def claims(results: Fig2Results, cfg: Fig2Config) -> list[ClaimResult]:
-    rows, out, tol = results.rows, [], cfg.tol
+    rows, out, tol, lo = results.rows, [], cfg.tol, cfg.tol.deep_frac
     Lmax = max(cfg.layers)
     if "relu" in cfg.kernels and "relu" in cfg.attentions and 14 in cfg.ns:
-        gap = mean(rows, kernel="relu", attention="relu", n=14, L=Lmax) - mean(
-            rows, "bayes", kernel="relu", n=14, L=Lmax
-        )
-        out.append(
-            check(
-                "relu_bayes_gap_persists",
-                gap,
-                lo=tol.relu_gap_min,
-                detail=f"loss(h̃ relu) − Bayes on K^relu, n = 14, L = {Lmax} (Fig. 2a; the A = 0 family's optimum leaves 0.10)",
-            )
-        )
+        on_relu = functools.partial(mean, rows, kernel="relu", n=14, L=Lmax)  # a mean over the K^relu, n = 14 rows
+        gap = on_relu(attention="relu") - on_relu("bayes")
+        detail = f"loss(h̃ relu) − Bayes on K^relu, n = 14, L = {Lmax} (Fig. 2a; the A = 0 family's optimum leaves 0.10)"
+        out.append(check("relu_bayes_gap_persists", gap, lo=tol.relu_gap_min, detail=detail))
     # Observation 1 is stated "ignoring h̃^softmax" (§3.3: "From Figures 1(a), 1(b), 2(a), 2(c), 2(d)"),
     # so softmax is no rival here, as in Fig. 1's claim.
     rivals = tuple(a for a in cfg.attentions if a != "softmax")
-    if "relu" in cfg.kernels and "relu" in rivals and len(rivals) > 1:
+    grid = tuple(L for L in cfg.layers if L >= 2)
+    if "relu" in cfg.kernels and "relu" in rivals and len(rivals) > 1 and grid:
         for n in cfg.ns:
-            grid = tuple(L for L in cfg.layers if L >= 2)
-            if grid:
-                frac, wins = matched_best([r for r in rows if r.n == n], "relu", "L", grid, rivals)
-                out.append(
-                    check(
-                        f"matched_relu_best_n{n}",
-                        frac,
-                        lo=tol.deep_frac,
-                        detail=f"fraction of L ≥ 2 where h̃ = relu is best among {list(rivals)} on K^relu, n = {n} (Observation 1, softmax ignored as in the paper); wins {wins}",
-                    )
-                )
+            sub, name = [r for r in rows if r.n == n], f"matched_relu_best_n{n}"
+            out.append(matched_claim(name, sub, "relu", "L", grid, rivals, lo=lo, why="Observation 1", smoke=UNTRAINED))
     deep = [depth for depth in cfg.layers if depth >= tol.deep_from]
     if "exp" in cfg.kernels and {"exp", "softmax"} <= set(cfg.attentions) and 6 in cfg.ns and deep:
-        sub = [r for r in rows if r.n == 6]
-        frac, wins = matched_best(sub, "exp", "L", tuple(deep), cfg.attentions)
-        out.append(
-            check(
-                "exp_best_on_exp_at_n6_when_deep",
-                frac,
-                lo=tol.deep_frac,
-                detail=f"fraction of L ≥ {tol.deep_from} where h̃ = exp is best on K^exp at n = 6 (Fig. 2d); wins {wins}",
-            )
-        )
-    out.append(no_model_beats_bayes(rows, tol.bayes_z_min))
-    return out
+        sub, name = [r for r in rows if r.n == 6], "exp_best_on_exp_at_n6_when_deep"
+        out.append(matched_claim(name, sub, "exp", "L", deep, cfg.attentions, lo=lo, why="n = 6, Fig. 2d"))
+    return [*out, no_model_beats_bayes(rows, tol.bayes_z_min)]
 
 
-FIG2 = register(
-    Experiment(
-        name="cheng2024.fig2",
-        title="Fig. 2: log test loss vs number of layers (n = 14 and n = 6) on K^relu and K^exp",
-        config=Fig2Config,
-        presets={
-            "smoke": dict(SMOKE, ns=(6,), layers=(1, 2), kernels=("relu",)),
-            # quick: the K^relu half at n = 14 (Fig. 2a); the n = 6 exp/softmax ordering is a ~3% effect
-            # that 250 steps on one seed cannot resolve (the paper preset runs the whole grid).
-            # exp_lr 0.005: at 0.01 the 5-layer exp model on K^relu data diverged (loss 1e22 by step 90) on the
-            # session-11 machine, through every code path (token, fused, C): an edge of stability, not rounding
-            "quick": dict(
-                QUICK, ns=(14,), layers=(1, 3, 5), kernels=("relu",), relu_gap_min=0.05, deep_frac=0.5, exp_lr=0.005
-            ),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="h̃ ∈ {relu, exp, softmax} (the paper's three are unnamed), A free; dashed: Bayes.",
-        smoke_unchecked={"matched_relu_best_n6": UNTRAINED},
-    )
+# quick: the K^relu half at n = 14 (Fig. 2a), L ∈ {1, 3, 5}, 250 steps. exp_lr 0.005: at 0.01 the 5-layer exp model
+# on K^relu data diverged (loss 1e22 by step 90) through every code path (token, fused, C): an edge of stability.
+CARD = card(
+    Fig2Config,
+    "Fig. 2: log test loss vs number of layers (n = 14 and n = 6) on K^relu and K^exp",
+    smoke=dict(SMOKE, ns=(6,), layers=(1, 2), kernels=("relu",)),
+    quick=dict(QUICK, ns=(14,), layers=(1, 3, 5), kernels=("relu",), relu_gap_min=0.05, deep_frac=0.5, exp_lr=0.005),
 )

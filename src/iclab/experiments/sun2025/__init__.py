@@ -11,14 +11,5 @@ The shared task, models and training (App. I) are in ``_setup``.
 
     iclab reproduce sun2025 --preset quick
 
-Notes, reference numbers and what did not match: docs/papers/sun2025.md; paper errors: docs/errata.md (seed 003).
+Notes, reference numbers and what did not match: docs/papers/sun2025.md; paper errors: docs/errata.md (Sun et al. 2025).
 """
-
-from iclab.experiments.sun2025 import constructions as constructions
-from iclab.experiments.sun2025 import fig1 as fig1
-from iclab.experiments.sun2025 import fig2 as fig2
-from iclab.experiments.sun2025 import fig3 as fig3
-from iclab.experiments.sun2025 import fig4 as fig4
-from iclab.experiments.sun2025 import linear_depth as linear_depth
-from iclab.experiments.sun2025 import order_ablation as order_ablation
-from iclab.experiments.sun2025 import theorem5 as theorem5

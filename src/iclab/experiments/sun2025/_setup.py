@@ -16,7 +16,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 from torch import Tensor
@@ -32,7 +32,7 @@ from iclab.theory import mc_loss
 from iclab.theory import polynomial_features as pf
 from iclab.training import ModelSpec, TrainConfig, TrainingRun
 
-#: The training part of every smoke preset: seconds (claims it cannot meet are listed in smoke_unchecked).
+#: The training part of every smoke preset: seconds (claims it cannot meet carry a smoke reason).
 SMOKE = dict(seeds=1, steps=6, batch_size=64, n=20, eval_batch=256, eval_every=3, snapshot_every=3, test_batch=512)
 #: quick: 1 seed, short prompts, a 10× larger learning rate with warm-up and cosine decay (minutes on 2 cores;
 #: fine for L <= 2; L = 4 diverges at this lr even with the stabilising parameterisation).
@@ -117,6 +117,7 @@ def model_base(cfg: BilinearSetup, d: int) -> dict[str, Any]:
 
 def block_losses(model: BilinearTransformer, episode: Episode) -> Tensor:
     """(L+1,) test loss of the ℓ-block sub-networks, ℓ = 0..L (App. H)."""
+    assert episode.y_query is not None
     return ((model.block_predictions(episode) - episode.y_query) ** 2).mean(-1)
 
 
@@ -215,7 +216,7 @@ def run_model_groups(
     ]
     rows = []
     for (label, s, d, n_train, task, _), res in zip(jobs, ctx.execute(runs), strict=True):
-        model = res.model
+        model = cast(BilinearTransformer, res.model)
         steps, loss = res.curve("test_loss")
         lengths = loss_vs_length(model, task, cfg.test_ns, cfg.test_batch, s)
         row = ModelRow(
@@ -241,6 +242,12 @@ def at(cfg: BilinearSetup, row: ModelRow, n: int) -> tuple[float, float]:
     return float(row.length_loss[i]), float(row.length_se[i])
 
 
+def upper(cfg: BilinearSetup, row: ModelRow, n: int, k: float = 3.0) -> float:
+    """loss + ``k`` standard errors of ``row`` at test length ``n``."""
+    loss, se = at(cfg, row, n)
+    return loss + k * se
+
+
 def mean_at(rows: list[ModelRow], cfg: BilinearSetup, n: int) -> float:
     """Mean over ``rows`` (seeds) of the loss at test length ``n``."""
     return sum(at(cfg, r, n)[0] for r in rows) / len(rows)
@@ -251,6 +258,19 @@ def affine_stats(cfg: BilinearSetup) -> pf.FeatureStats:
     return pf.feature_statistics(pf.linear_feature_polys(cfg.d), cfg.d, cfg.monomials)
 
 
+def decorate(ax: Any, xlabel: str, ylabel: str = "", title: str = "", *, xlog: bool = False) -> None:
+    """The look of every sun2025 panel: a log y axis (and x axis if ``xlog``), labels, title and a small legend."""
+    if xlog:
+        ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    if ylabel:
+        ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=7)
+
+
 def length_panel(ax: Any, cfg: BilinearSetup, rows: list[ModelRow], title: str, floor: float | None) -> None:
     """Test loss vs test length, mean ± spread over seeds, one band per model label (log scale)."""
     for label in dict.fromkeys(r.model for r in rows):
@@ -258,11 +278,7 @@ def length_panel(ax: Any, cfg: BilinearSetup, rows: list[ModelRow], title: str, 
         band(ax, list(cfg.test_ns), torch.stack([r.length_loss for r in rs]), label=str(label), marker="o", ms=3)
     if floor is not None:
         ax.axhline(floor, ls="--", color="gray", lw=0.8, label="affine floor (Prop. 1)")
-    ax.set_yscale("log")
-    ax.set_xlabel("test prompt length n")
-    ax.set_ylabel("ICL test loss")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    decorate(ax, "test prompt length n", "ICL test loss", title)
 
 
 def model_curves(ax: Any, rows: list[ModelRow], title: str) -> None:
@@ -270,7 +286,4 @@ def model_curves(ax: Any, rows: list[ModelRow], title: str) -> None:
     for label in dict.fromkeys(r.model for r in rows):
         rs = [r for r in rows if r.model == label]
         band(ax, rs[0].steps.numpy(), torch.stack([r.test_loss for r in rs]), label=label)
-    ax.set_yscale("log")
-    ax.set_xlabel("iteration")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    decorate(ax, "iteration", title=title)

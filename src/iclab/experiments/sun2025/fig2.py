@@ -3,49 +3,48 @@ f = w_0 + Σ w_i x_i + w_12 x1x2 + w_23 x2x3 + w_34 x3x4 + w_123 x1x2x3 + w_234 
 10-layer bilinear transformers with dense FFNs (eq. 3) or sparse ones (eq. 11), and a 5-layer linear TF. Dense
 bilinear layers compose quadratic features into cubic ones; the sparse layer "cannot compose" them (Sec. 4.2).
 
-    iclab run sun2025.fig2 --preset quick
+Run: ``iclab run sun2025.fig2 --preset quick``
 
-Claims (spec 003 §5.1, claim 17):
-
+Claims (Fig. 2):
 - dense_beats_sparse: mean loss of the dense model over that of the sparse model at n_train <= 1.
 - sparse_beats_linear: sparse over linear TF <= 1.
 - linear_above_floor_5: min over seeds of (loss + 3σ) of the linear TF >= 5, the cubic affine floor (Prop. 1).
 - dense_below_quadratic_floor_2: max over seeds of (loss + 3σ) of the dense model <= 2, the loss of the best predictor
   of degree <= 2 in x_q: the dense FFNs composed cubic features.
-- strict_sparse_above_quadratic_floor_2: ``sparse_strict`` (the attention's P rows of (1, x) also held at 0, spec §2.3)
-  has a prediction quadratic in x_q, so its loss + 3σ stays >= 2.
+- strict_sparse_above_quadratic_floor_2: ``sparse_strict`` (the attention's P rows of (1, x) also held at 0) has a
+  prediction quadratic in x_q, so its loss + 3σ stays >= 2.
 
-Time on the 2-core CPU: quick 186 s (2-block models, n = 50, 3000 steps). paper: 15.7 core-hours projected (5 seeds ×
-20 000 steps × 4000 prompts of 10-layer models): Ray or a GPU; a reduced run (1 seed, 2000 steps of 1000) passes 5/5
-in 3 min with ``--workers 2`` (session 14).
+Time on 2 CPU cores: quick 186 s (2-block models, n = 50, 3000 steps); paper 15.7 core-hours (5 seeds × 20 000 steps
+× 4000 prompts of 10-layer models): Ray or a GPU.
 
-Did not match: the paper's sparse layer (eq. 11) is not limited to degree 2: the attention writes into the (1, x) rows
-and the next sparse FFN forms degree-4 features (errata #7); ``sparse_strict`` is the variant the paper's argument
+What did not match: the paper's sparse layer (eq. 11) is not limited to degree 2: the attention writes into the
+(1, x) rows and the next sparse FFN forms degree-4 features; ``sparse_strict`` is the variant the paper's argument
 needs. At quick 400 steps leave every model at the affine floor, 1000 steps tie dense and sparse; 3000 separate them.
-See docs/papers/sun2025.md ("Fig. 2 at quick") and docs/errata.md (seed 003, #7).
+See docs/papers/sun2025.md ("Fig. 2 at quick") and docs/errata.md (Sun et al. 2025, #7).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from iclab.core.errors import require_int
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.sun2025._setup import (
     QUICK,
     SMOKE,
     BilinearSetup,
     ModelRow,
-    at,
     length_panel,
     mean_at,
     model_base,
     model_curves,
     require_choices,
     run_models,
+    upper,
 )
-from iclab.models.bilinear import FFNS, BilinearTransformerConfig
+from iclab.models.bilinear import FFN, FFNS, BilinearTransformerConfig
 from iclab.plotting import save, subplots
 
 
@@ -77,7 +76,7 @@ class Fig2Results:
 
 def run(cfg: Fig2Config, ctx: RunContext) -> Fig2Results:
     base = model_base(cfg, cfg.d)
-    models = {v: BilinearTransformerConfig(**base, n_blocks=cfg.n_blocks, ffn=v) for v in cfg.variants}
+    models = {v: BilinearTransformerConfig(**base, n_blocks=cfg.n_blocks, ffn=cast(FFN, v)) for v in cfg.variants}
     models["linear"] = BilinearTransformerConfig(**base, n_blocks=cfg.linear_layers, ffn="none")
     return Fig2Results(rows=run_models(cfg, ctx, models, cfg.d))
 
@@ -98,20 +97,21 @@ def claims(results: Fig2Results, cfg: Fig2Config) -> list[ClaimResult]:
         return mean_at([r for r in rows if r.model == label], cfg, cfg.n)
 
     def sigma3(label: str) -> list[float]:  # loss + 3σ of every seed of one model
-        return [at(cfg, r, cfg.n)[0] + 3 * at(cfg, r, cfg.n)[1] for r in rows if r.model == label]
+        return [upper(cfg, r, cfg.n) for r in rows if r.model == label]
 
     out = [
         check(
             "dense_beats_sparse",
             mean("dense") / mean("sparse"),
             hi=1.0,
-            detail=f"dense {mean('dense'):.3f} / sparse {mean('sparse'):.3f} at n = {cfg.n} (claim 17)",
+            detail=f"dense {mean('dense'):.3f} / sparse {mean('sparse'):.3f} at n = {cfg.n}",
         ),
         check(
             "sparse_beats_linear",
             mean("sparse") / mean("linear"),
             hi=1.0,
-            detail=f"sparse {mean('sparse'):.3f} / linear {mean('linear'):.3f} (claim 17)",
+            detail=f"sparse {mean('sparse'):.3f} / linear {mean('linear'):.3f}",
+            smoke="6 training steps: every model is still at its initial loss (ratio 1 ± 1e-4)",
         ),
         check(
             "linear_above_floor_5",
@@ -124,39 +124,20 @@ def claims(results: Fig2Results, cfg: Fig2Config) -> list[ClaimResult]:
             max(sigma3("dense")),
             hi=2.0,
             detail="max over seeds of (loss + 3σ) of the dense model; 2 is the loss of the best predictor of degree "
-            "<= 2 in x_q for any n (x1x2x3, x2x3x4 are orthogonal to them, spec §1.3): the dense FFNs composed "
-            "cubic features (claim 17)",
+            "<= 2 in x_q for any n (x1x2x3, x2x3x4 are orthogonal to them): the dense FFNs composed cubic features",
+            smoke="6 training steps: the dense model is still at its initial loss (≈ 16.6)",
         ),
     ]
     if "sparse_strict" in cfg.variants:
-        out.append(check("strict_sparse_above_quadratic_floor_2", min(sigma3("sparse_strict")), lo=2.0, detail="P rows of (1, x) held at 0: the prediction is quadratic in x_q, so the loss stays >= 2 (spec §2.3)"))  # fmt: skip
+        out.append(check("strict_sparse_above_quadratic_floor_2", min(sigma3("sparse_strict")), lo=2.0, detail="P rows of (1, x) held at 0: the prediction is quadratic in x_q, so the loss stays >= 2"))  # fmt: skip
     return out
 
 
-FIG2 = register(
-    Experiment(
-        name="sun2025.fig2",
-        title="Fig. 2, 10: sparse cubic ICL, 10-layer dense vs sparse bilinear TF (+ 5-layer linear TF)",
-        config=Fig2Config,
-        presets={
-            "smoke": dict(**SMOKE, d_bar=7, n_blocks=1, linear_layers=1, test_ns=(10, 20)),
-            "quick": dict(
-                # 3000 steps: at 400 every model is still at the affine floor (dense 5.06, sparse 5.17, linear 5.79);
-                # at 1000 dense and sparse tie (2.85 / 2.87); at 3000 the dense model is below the quadratic floor 2
-                **{**QUICK, "steps": 3000, "n": 50, "test_batch": 5000},
-                n_blocks=2,
-                linear_layers=2,
-                test_ns=(25, 50, 100),
-            ),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="f = w_0 + Σ w_i x_i + w_12 x1x2 + w_23 x2x3 + w_34 x3x4 + w_123 x1x2x3 + w_234 x2x3x4. 'sparse' is eq. (11) with free attention (the paper's); 'sparse_strict' also zeroes the attention's P rows of (1, x) (spec 003 §2.3).",
-        smoke_unchecked={
-            "sparse_beats_linear": "6 training steps: every model is still at its initial loss (ratio 1 ± 1e-4)",
-            "dense_below_quadratic_floor_2": "6 training steps: the dense model is still at its initial loss (≈ 16.6)",
-        },
-    )
+# quick: 3000 steps: at 400 every model is still at the affine floor (dense 5.06, sparse 5.17, linear 5.79); at 1000
+# dense and sparse tie (2.85 / 2.87); at 3000 the dense model is below the quadratic floor 2
+CARD = card(
+    Fig2Config,
+    "Fig. 2, 10: sparse cubic ICL, 10-layer dense vs sparse bilinear TF (+ 5-layer linear TF)",
+    smoke=dict(**SMOKE, d_bar=7, n_blocks=1, linear_layers=1, test_ns=(10, 20)),
+    quick=dict(QUICK, steps=3000, n=50, test_batch=5000, n_blocks=2, linear_layers=2, test_ns=(25, 50, 100)),
 )

@@ -1,23 +1,23 @@
 """Sun et al. 2025, Fig. 3 (Thm 2, App. C): the ICL loss of the untrained one-block construction (d = 4,
 d̄ = C(d+2, 2) = 15, a bilinear FFN writing every quadratic monomial x̄ of eq. (7), then an LSA with Γ = −Λ⁻¹, one
-preconditioned GD step on quadratic-kernel regression) against the prompt length n: a log-log line of slope −1.
+preconditioned GD step on quadratic-kernel regression) against the prompt length n, by float64 Monte Carlo: a log-log
+line of slope −1, at the exact loss 874/n rather than the printed 17/n.
 
-    iclab run sun2025.fig3 --preset quick
+Run: ``iclab run sun2025.fig3 --preset quick``
 
-Claims (spec 003 §5.1):
-
-- loglog_slope_is_minus_one: least-squares slope of log loss vs log n within ``tol.slope_tol`` of −1 (claim 3).
-- loglog_r2: r² of that fit >= ``tol.r2_min`` (claim 3; the paper: 0.97 with 100 prompts per n).
+Claims:
+- loglog_slope_is_minus_one: least-squares slope of log loss vs log n within ``tol.slope_tol`` of −1 (Fig. 3).
+- loglog_r2: r² of that fit >= ``tol.r2_min`` (the paper: 0.97 with 100 prompts per n).
 - loss_is_K_over_n: max over n of |MC − K(d)/n|/σ <= ``tol.z_max``, K(d) = d(d³+18d²+95d+142)/4 the exact constant
-  (K(4) = 874) [derived] (claim 4).
-- paper_thm2_value_fails: min over n of MC loss / the printed ((d+2)(d+1)+d)/(2n) >= ``tol.paper_ratio_min`` (errata).
+  (K(4) = 874; derived here, not in the paper).
+- paper_thm2_value_fails: min over n of MC loss / the printed ((d+2)(d+1)+d)/(2n) >= ``tol.paper_ratio_min``.
 
-Time on the 2-core CPU: quick 7 s (n = 25…400, 2e4 float64 prompts per n); paper 2 min 18 s (n = 25…1600, 1e5 prompts
+Time on 2 CPU cores: quick 7 s (n = 25…400, 2e4 float64 prompts per n); paper 2 min 18 s (n = 25…1600, 1e5 prompts
 per n, 2.1 GB peak RSS): 4/4, slope −0.993, r² 0.99999.
 
-Did not match: Thm 2's printed loss ((d+2)(d+1)+d)/(2n) = 17/n at d = 4 is 51× too small; the construction's exact
-loss is 874/n (the proof drops the y²-weighted fourth moments). See docs/papers/sun2025.md and docs/errata.md
-(seed 003, #1).
+What did not match: Thm 2's printed loss ((d+2)(d+1)+d)/(2n) = 17/n at d = 4 is 51× too small; the construction's
+exact loss is 874/n (the proof drops the y²-weighted fourth moments). See docs/papers/sun2025.md and docs/errata.md
+(Sun et al. 2025, #1).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import torch
 from iclab import constructions, tasks
 from iclab.core.errors import is_int, require, require_int
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
-from iclab.experiments.sun2025._setup import require_ints
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
+from iclab.experiments.sun2025._setup import decorate, require_ints
 from iclab.plotting import save, subplots
 from iclab.theory import mc_loss
 from iclab.theory import polynomial_features as pf
@@ -103,12 +103,7 @@ def plot(results: Fig3Results, cfg: Fig3Config, out: Path) -> list[Path]:
     ax.errorbar(ns, [r.loss for r in rows], yerr=[3 * r.se for r in rows], fmt="o", ms=4, label="construction (MC ± 3σ)")  # fmt: skip
     ax.plot(ns, [K / n for n in ns], "k-", lw=0.8, label=f"K(d)/n = {K:.0f}/n (exact)")
     ax.plot(ns, [pf.paper_theorem2_loss(cfg.d, n) for n in ns], "r--", lw=0.8, label="Thm 2 as printed")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("n")
-    ax.set_ylabel("ICL loss")
-    ax.set_title(f"slope {results.slope:.3f}, r² = {results.r2:.4f}")
-    ax.legend(fontsize=7)
+    decorate(ax, "n", "ICL loss", f"slope {results.slope:.3f}, r² = {results.r2:.4f}", xlog=True)
     return [save(fig, out / "fig3.png")]
 
 
@@ -116,47 +111,33 @@ def claims(results: Fig3Results, cfg: Fig3Config) -> list[ClaimResult]:
     rows, K, tol = results.rows, results.K, cfg.tol
     z = max(abs(r.loss - K / r.n) / r.se for r in rows)
     ratio = min(r.loss / pf.paper_theorem2_loss(cfg.d, r.n) for r in rows)
+    printed = f"min over n of MC loss / ((d+2)(d+1)+d)/(2n): the printed value is {K / pf.paper_theorem2_loss(cfg.d, 1):.0f}× too small (docs/errata.md)"
     return [
         check(
             "loglog_slope_is_minus_one",
             results.slope,
             expected=-1.0,
             atol=tol.slope_tol,
-            detail="least-squares slope of log loss vs log n (claim 3)",
-        ),
-        check("loglog_r2", results.r2, lo=tol.r2_min, detail="paper: r² = 0.97 with 100 prompts per n (claim 3)"),
-        check(
-            "loss_is_K_over_n",
-            z,
-            hi=tol.z_max,
-            detail=f"max over n of |MC − K(d)/n|/σ, K({cfg.d}) = {K:.0f} [derived] (claim 4)",
+            detail="least-squares slope of log loss vs log n (Fig. 3)",
+            smoke="2000 prompts per n, n = 10-40: Monte-Carlo noise moves the slope",
         ),
         check(
-            "paper_thm2_value_fails",
-            ratio,
-            lo=tol.paper_ratio_min,
-            detail=f"min over n of MC loss / ((d+2)(d+1)+d)/(2n): the printed value is {K / (pf.paper_theorem2_loss(cfg.d, 1)):.0f}× too small (errata)",
+            "loglog_r2",
+            results.r2,
+            lo=tol.r2_min,
+            detail="paper: r² = 0.97 with 100 prompts per n",
+            smoke="2000 prompts per n, n = 10-40: Monte-Carlo noise lowers r²",
         ),
+        check(
+            "loss_is_K_over_n", z, hi=tol.z_max, detail=f"max over n of |MC − K(d)/n|/σ, K({cfg.d}) = {K:.0f} (exact)"
+        ),
+        check("paper_thm2_value_fails", ratio, lo=tol.paper_ratio_min, detail=printed),
     ]
 
 
-FIG3 = register(
-    Experiment(
-        name="sun2025.fig3",
-        title="Fig. 3: loss of the untrained Thm-2 construction vs n is K(d)/n (log-log slope −1)",
-        config=Fig3Config,
-        presets={
-            "smoke": dict(d=2, d_bar=6, ns=(10, 20, 40), prompts=2000),
-            "quick": dict(ns=(25, 50, 100, 200, 400), prompts=20_000, slope_tol=0.1, r2_min=0.98),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="The App.-C construction (d = 4, d̄ = 15, Γ = −Λ⁻¹) evaluated by float64 Monte Carlo; the exact loss is 874/n, not the paper's 17/n.",
-        smoke_unchecked={
-            "loglog_slope_is_minus_one": "2000 prompts per n, n = 10-40: Monte-Carlo noise moves the slope",
-            "loglog_r2": "2000 prompts per n, n = 10-40: Monte-Carlo noise lowers r²",
-        },
-    )
+CARD = card(
+    Fig3Config,
+    "Fig. 3: loss of the untrained Thm-2 construction vs n is K(d)/n (log-log slope −1)",
+    smoke=dict(d=2, d_bar=6, ns=(10, 20, 40), prompts=2000),
+    quick=dict(ns=(25, 50, 100, 200, 400), prompts=20_000, slope_tol=0.1, r2_min=0.98),
 )

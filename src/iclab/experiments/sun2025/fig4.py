@@ -2,10 +2,9 @@
 blocks, d = 3) trained at n_train ∈ {100, 150, 200, 250}, tested at every test length: longer training prompts win on
 long test prompts and lose on short ones (the curves cross), the loss rising for n_test below n_train.
 
-    iclab run sun2025.fig4 --preset quick
+Run: ``iclab run sun2025.fig4 --preset quick``
 
-Claims (spec 003 §5.1, claim 16):
-
+Claims (Fig. 4):
 - longer_training_prompts_win_on_long_tests: at the longest test length the largest n_train over the smallest <= 1
   (made only with >= 2 n_trains).
 - short_tests_degrade_for_long_training_prompts: for the largest n_train, the loss at the shortest test length over
@@ -18,12 +17,12 @@ A mean loss of inf (float64 overflow: on prompts far shorter than its training o
 block squaring its input; App. H's "the variance becomes quite large") counts as a loss above any finite one in the
 two short-prompt claims.
 
-Time on the 2-core CPU: quick 16 s (L = 2, n_train ∈ {25, 100}, 400 steps). paper (4 lengths × 5 seeds × 20 000 steps
-× 4000 prompts): 17 core-hours probed (session 12), the longest run 1.4 h, so ≈ 1.4 h on 20 Ray workers. A reduced
-run (1 seed, 2000 steps of 1000) gives 3/3 in 5.4 min (session 15; docs/papers/sun2025.md).
+Time on 2 CPU cores: quick 16 s (L = 2, n_train ∈ {25, 100}, 400 steps); paper 17 core-hours (4 lengths × 5 seeds ×
+20 000 steps × 4000 prompts; the longest run 1.4 h), ≈ 1.4 h on 20 Ray workers.
 
-Did not match: App. H gives d̄ = 4, which leaves no scratch row (d̄ = 12 of App. I is used) and n_train = 250 where
-App. I says 280; the paper's bands are ½ std (± 1 std here). See docs/papers/sun2025.md.
+What did not match: App. H gives d̄ = 4, which leaves no scratch row (d̄ = 12 of App. I is used) and n_train = 250
+where App. I says 280; the paper's bands are ½ std (± 1 std here). See docs/papers/sun2025.md and docs/errata.md
+(Sun et al. 2025, #8).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from iclab.core.errors import require_int
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.sun2025._setup import (
     QUICK,
     SMOKE,
@@ -109,7 +108,8 @@ def claims(results: Fig4Results, cfg: Fig4Config) -> list[ClaimResult]:
                 "longer_training_prompts_win_on_long_tests",
                 mean(hi, longest) / mean(lo, longest),
                 hi=1.0,
-                detail=f"loss at n_test = {longest}: n_train = {hi} ({mean(hi, longest):.4g}) over n_train = {lo} ({mean(lo, longest):.4g}) (claim 16)",
+                detail=f"loss at n_test = {longest}: n_train = {hi} ({mean(hi, longest):.4g}) over n_train = {lo} ({mean(lo, longest):.4g})",
+                smoke="6 training steps: both at their initial loss",
             )
         )
     # A deep bilinear model run on prompts much shorter than its training ones can explode (each block squares its
@@ -121,7 +121,8 @@ def claims(results: Fig4Results, cfg: Fig4Config) -> list[ClaimResult]:
             mean(hi, shortest) / mean(hi, ref),
             lo=1.0,
             allow_inf=True,
-            detail=f"n_train = {hi}: loss at n_test = {shortest} ({_loss(mean(hi, shortest))}) over the loss at n_test = {ref} ({_loss(mean(hi, ref))}) (claim 16)",
+            detail=f"n_train = {hi}: loss at n_test = {shortest} ({_loss(mean(hi, shortest))}) over the loss at n_test = {ref} ({_loss(mean(hi, ref))})",
+            smoke="6 training steps: no use of the context yet",
         )
     )
     if crossing:
@@ -139,30 +140,16 @@ def claims(results: Fig4Results, cfg: Fig4Config) -> list[ClaimResult]:
                 ratio,
                 lo=1.0,
                 allow_inf=True,
-                detail=f"{where}{both_inf}, the other half of Fig. 4's crossing; made only with >= 2 n_trains (claim 16)",
+                detail=f"{where}{both_inf}, the other half of Fig. 4's crossing; made only with >= 2 n_trains",
+                smoke="6 training steps: both at their initial loss",
             )
         )
     return out
 
 
-FIG4 = register(
-    Experiment(
-        name="sun2025.fig4",
-        title="Fig. 4: test loss vs test length for several training lengths (8-layer bilinear TF, d = 3)",
-        config=Fig4Config,
-        presets={
-            "smoke": dict(**SMOKE, d=2, d_bar=7, n_blocks=1, n_trains=(10, 20), test_ns=(5, 10, 20)),
-            "quick": dict(**{**QUICK, "steps": 400}, n_blocks=2, n_trains=(25, 100), test_ns=(10, 25, 100)),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="d̄ = 12 (App. I; App. H's d̄ = 4 leaves no scratch row). Error bands ± 1 std (the paper: ½ std).",
-        smoke_unchecked={
-            "longer_training_prompts_win_on_long_tests": "6 training steps: both at their initial loss",
-            "short_tests_degrade_for_long_training_prompts": "6 training steps: no use of the context yet",
-            "longer_training_prompts_lose_on_short_tests": "6 training steps: both at their initial loss",
-        },
-    )
+CARD = card(
+    Fig4Config,
+    "Fig. 4: test loss vs test length for several training lengths (8-layer bilinear TF, d = 3)",
+    smoke=dict(**SMOKE, d=2, d_bar=7, n_blocks=1, n_trains=(10, 20), test_ns=(5, 10, 20)),
+    quick=dict(QUICK, steps=400, n_blocks=2, n_trains=(25, 100), test_ns=(10, 25, 100)),
 )

@@ -1,27 +1,25 @@
-"""Sun et al. 2025, Prop. 1 (Sec. 3.1, App. B) at every depth (spec 003 claim 8; not a figure of the paper): linear
-transformers (``ffn="none"``: L LSA layers with full P, Q on [1; x; 0; y], d̄ = 12) with L = 1, 3, 6, 12 layers on
-random quadratics (d = 3, Fig. 1's training settings) all stay above the affine floor d(d+3)/2 = 9: no linear
-transformer of any depth beats the best affine predictor in x_q.
+"""Sun et al. 2025, Prop. 1 (Sec. 3.1, App. B) at every depth (not a figure of the paper): linear transformers
+(``ffn="none"``: L LSA layers with full P, Q on [1; x; 0; y], d̄ = 12) with L = 1, 3, 6, 12 layers on random
+quadratics (d = 3, Fig. 1's training settings) all stay above the affine floor d(d+3)/2 = 9: no linear transformer of
+any depth beats the best affine predictor in x_q. Reference lines: the floor, the exact best one-layer (5)-sparse LSA
+and least squares on (1, x) from the n context pairs.
 
-    iclab run sun2025.linear_depth --preset quick
+Run: ``iclab run sun2025.linear_depth --preset quick``
 
 The loss is estimated with a control variate: floor + the mean over common float64 prompts of
 (ŷ − y_q)² − (ŷ_aff − y_q)², ŷ_aff = φ(x_q)ᵀΛ⁻¹Rw the best affine predictor for the prompt's own w
 (:func:`affine_oracle_gap`): unbiased, with a standard error ≈ 4× below the plain Monte-Carlo one.
 
-Claims (spec 003 §5.1, claim 8):
-
+Claims (Prop. 1):
 - no_depth_below_affine_floor: min over depths and seeds of (loss + ``floor_sigmas``·σ) at n_train >= the floor.
 - every_depth_reaches_one_layer_optimum: max over depths and seeds of (loss − ``floor_sigmas``·σ) − L₁*(n) <=
-  ``tol.gap_tol``, L₁*(n) the exact best one-layer (5)-sparse LSA (spec §3.1): the runs are trained, so the floor
-  check is not passed by an untrained model.
+  ``tol.gap_tol``, L₁*(n) the exact best one-layer (5)-sparse LSA: the runs are trained, so the floor check is not
+  passed by an untrained model.
 
-Time on the 2-core CPU: quick 56 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3). paper (4 depths × 5
-seeds × 20 000 steps × 4000 prompts): 14.6 core-hours probed (session 12), the longest run 1.3 h, so ≈ 1.3 h on 20 Ray
-workers. A reduced run (1 seed, 2000 steps of 1000) gives 1/2 in 2.7 min (session 15): the floor holds, L = 1 is
-still above L₁*(200) (docs/papers/sun2025.md).
+Time on 2 CPU cores: quick 56 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 14.6 core-hours (4 depths ×
+5 seeds × 20 000 steps × 4000 prompts; the longest run 1.3 h), ≈ 1.3 h on 20 Ray workers.
 
-Did not match: deep linear TFs diverge at the quick preset's lr 1e-2 and at ε = 1e-8 (hence lr 3e-3, ε = 1e-3 at
+What did not match: deep linear TFs diverge at the quick preset's lr 1e-2 and at ε = 1e-8 (hence lr 3e-3, ε = 1e-3 at
 quick); 700 steps leave L = 1 short of L₁*(50) (gap_tol 1.5 at quick, 0 at paper). See docs/papers/sun2025.md
 ("`sun2025.linear_depth`", "Deep linear TFs have the same problem").
 """
@@ -37,7 +35,7 @@ from torch import Tensor
 
 from iclab import algorithms, tasks
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.sun2025._setup import (
     QUICK,
     SMOKE,
@@ -102,6 +100,7 @@ def affine_oracle_gap(model: BilinearTransformer, cfg: BilinearSetup, batch: int
     with torch.no_grad():
         for size in (batch // chunks + (i < batch % chunks) for i in range(chunks)):
             ep = task.sample(size, cfg.n, generator=g, dtype=torch.float64)
+            assert ep.y_query is not None
             phi = torch.cat([torch.ones_like(ep.x_query[:, :1]), ep.x_query], dim=-1)  # (B, d+1)
             oracle = torch.einsum("bp,pm,bm->b", phi, coef, ep.task["w"])  # (B,)
             diffs.append((m.predict(ep) - ep.y_query) ** 2 - (oracle - ep.y_query) ** 2)
@@ -178,36 +177,24 @@ def claims(results: LinearDepthResults, cfg: LinearDepthConfig) -> list[ClaimRes
             "no_depth_below_affine_floor",
             worst[0],
             lo=floor,
-            detail=f"min over depths {cfg.depths} and seeds of (loss + {k:g}σ) at n = {cfg.n} (lowest: {worst[1]}), loss = floor + mean[(ŷ − y)² − (ŷ_aff − y)²] on common prompts, σ its paired standard error; Prop. 1's floor d(d+3)/2 holds at every n (no finite-n correction). Per model: {per} (claim 8)",
+            detail=f"min over depths {cfg.depths} and seeds of (loss + {k:g}σ) at n = {cfg.n} (lowest: {worst[1]}), loss = floor + mean[(ŷ − y)² − (ŷ_aff − y)²] on common prompts, σ its paired standard error; Prop. 1's floor d(d+3)/2 holds at every n (no finite-n correction). Per model: {per}",
         ),
         check(
             "every_depth_reaches_one_layer_optimum",
             trained,
             hi=cfg.tol.gap_tol,
-            detail=f"max over depths, seeds of (loss − {k:g}σ) − L₁*(n), L₁*({cfg.n}) = {one:.4f} the exact best one-layer (5)-sparse LSA (spec §3.1): the runs are trained, so the floor check is not vacuous. n·(loss − floor) per depth: {n_gap} (the O(1/n) gap of claim 8)",
+            detail=f"max over depths, seeds of (loss − {k:g}σ) − L₁*(n), L₁*({cfg.n}) = {one:.4f} the exact best one-layer (5)-sparse LSA: the runs are trained, so the floor check is not vacuous. n·(loss − floor) per depth: {n_gap} (the O(1/n) gap)",
+            smoke="6 training steps: far above the one-layer optimum",
         ),
     ]
 
 
-LINEAR_DEPTH = register(
-    Experiment(
-        name="sun2025.linear_depth",
-        title="Prop. 1 at every depth: linear TFs with L = 1, 3, 6, 12 layers stay above the affine floor d(d+3)/2",
-        config=LinearDepthConfig,
-        presets={
-            "smoke": dict(**{**SMOKE, "snapshot_every": 0}, d=2, d_bar=7, depths=(1, 2), test_ns=(20,)),
-            # quick: lr 3e-3 and Adam ε = 1e-3 (QUICK's lr 1e-2: the 12-layer linear TF's test loss is NaN by step 250;
-            # ε = 1e-8: NaN at step 50 at 3e-3 and inf at step 100 at 1e-3; docs/papers/sun2025.md "Stability").
-            # gap_tol 1.5: 700 steps leave L = 1 short of L₁*(50) (its identity init starts on a saddle).
-            "quick": dict(**{**QUICK, "snapshot_every": 0, "lr": 3e-3, "eps": 1e-3}, test_ns=(50,), gap_tol=1.5),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="The linear TF (ffn='none': L LSA layers with full P, Q on [1; x; 0; y], d̄ = 12) on random quadratics, d = 3, Fig. 1's training settings. Reference lines: the floor 9, the exact best one-layer (5)-sparse LSA and least squares on (1, x) from the n context pairs.",
-        smoke_unchecked={
-            "every_depth_reaches_one_layer_optimum": "6 training steps: far above the one-layer optimum",
-        },
-    )
+# quick: lr 3e-3 and Adam ε = 1e-3 (QUICK's lr 1e-2: the 12-layer linear TF's test loss is NaN by step 250; ε = 1e-8:
+# NaN at step 50 at 3e-3 and inf at step 100 at 1e-3; docs/papers/sun2025.md "Stability"). gap_tol 1.5: 700 steps
+# leave L = 1 short of L₁*(50) (its identity init starts on a saddle).
+CARD = card(
+    LinearDepthConfig,
+    "Prop. 1 at every depth: linear TFs with L = 1, 3, 6, 12 layers stay above the affine floor d(d+3)/2",
+    smoke=dict(SMOKE, snapshot_every=0, d=2, d_bar=7, depths=(1, 2), test_ns=(20,)),
+    quick=dict(QUICK, snapshot_every=0, lr=3e-3, eps=1e-3, test_ns=(50,), gap_tol=1.5),
 )

@@ -1,43 +1,41 @@
-"""Sun et al. 2025, Sec. 2.2 remark (spec 003 claim 20; not an experiment of the paper): the paper's blocks run
-[bilinear FFN → LSA], the usual transformer order is [LSA → FFN]; swapping them "does not affect the expressive power
-of the Transformer". The same FFN and LSA layers in either order, L ∈ {2, 4} blocks, quadratic ICL at d = 3, d̄ = 12
-and Fig. 1's training; the paper's order is also trained at L − 1 blocks.
+"""Sun et al. 2025, Sec. 2.2 remark (not an experiment of the paper): the paper's blocks run [bilinear FFN → LSA], the
+usual transformer order is [LSA → FFN]; swapping them "does not affect the expressive power of the Transformer". The
+same FFN and LSA layers in either order (label row masked in the FFN either way), L ∈ {2, 4} blocks, quadratic ICL at
+d = 3, d̄ = 12 and Fig. 1's training; the paper's order is also trained at L − 1 blocks.
 
-    iclab run sun2025.order_ablation --preset quick
+Run: ``iclab run sun2025.order_ablation --preset quick``
 
 What "the same expressive power" means here (exact, tests/test_sun2025_experiments.py): the FFN never writes the
 label row, so the last FFN of an [LSA → FFN] stack cannot reach the read-out, and with a zero FFN or a zero attention
 being the identity, FFN-first(L) ⊇ attention-first(L) ⊇ FFN-first(L − 1) as function classes: the orders agree up to
-one block. The spec reads the remark as "comparable loss at equal depth" (larger / smaller ≤ 1.5); that fails at the
-paper's settings for the reason above (ratio 3.2 at L = 4, reduced run of session 15), so the claim checks the
-sandwich instead (errata, seed 003).
+one block. Read as "comparable loss at equal depth" (larger / smaller ≤ 1.5) the remark fails at the paper's settings
+for the reason above (ratio 3.2 at L = 4 in a reduced run), so the claim checks the sandwich instead.
 
 Claims, one pair per L in ``blocks``, named here for L = 2 (also ``_L4`` at paper):
-
 - attention_first_between_depths_L2: max of loss(FFN-first, L) / loss(attention-first, L) and loss(attention-first,
-  L) / loss(FFN-first, L − 1), mean losses at n_train, <= ``tol.slack`` (claim 20, corrected; the second ratio only
-  for L >= 2; made when both orders are trained).
+  L) / loss(FFN-first, L − 1), mean losses at n_train, <= ``tol.slack`` (the second ratio only for L >= 2; made when
+  both orders are trained).
 - both_orders_below_linear_floor_L2: max over orders and seeds of (loss + ``floor_sigmas``·σ) <= the Prop. 1 floor
-  d(d+3)/2 (claims 9, 20).
+  d(d+3)/2.
 
-Time on the 2-core CPU: quick ≈ 13-35 s (L = 2 and FFN-first L = 1, n = 50, 700 steps). paper (5 seeds × 20 000 steps
-× 4000 prompts for FFN-first L ∈ {1, 2, 3, 4} and attention-first L ∈ {2, 4}; 30 runs): 34 core-hours probed beside
-another run (≈ 23 quiet; session 15), the longest run ≈ 1 h, so ≈ 1 h on 30 Ray workers. A
-reduced run (1 seed, 2000 steps of 1000) gives 3/4 in 5.5 min (session 15): at L = 4 every curve still falls.
+Time on 2 CPU cores: quick ≈ 13-35 s (L = 2 and FFN-first L = 1, n = 50, 700 steps); paper ≈ 23 core-hours (5 seeds ×
+20 000 steps × 4000 prompts for FFN-first L ∈ {1, 2, 3, 4} and attention-first L ∈ {2, 4}; 30 runs, the longest
+≈ 1 h), ≈ 1 h on 30 Ray workers.
 
-Did not match: the equal-depth reading of the remark (spec claim 20; see above). At quick L = 4 diverges at lr 1e-2,
-and at L = 3 the FFN-first model hits outlier prompts (test loss 66.6): that is the instability, not evidence about
-the order. See docs/papers/sun2025.md ("`sun2025.order_ablation`", "Stability").
+What did not match: the equal-depth reading of the remark (see above). At quick L = 4 diverges at lr 1e-2, and at
+L = 3 the FFN-first model hits outlier prompts (test loss 66.6): that is the instability, not evidence about the
+order. See docs/papers/sun2025.md ("`sun2025.order_ablation`", "Stability") and docs/errata.md (Sun et al. 2025, #13).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.sun2025._setup import (
     QUICK,
     SMOKE,
@@ -53,7 +51,7 @@ from iclab.experiments.sun2025._setup import (
     require_ints,
     run_models,
 )
-from iclab.models.bilinear import ORDERS, BilinearTransformerConfig
+from iclab.models.bilinear import ORDERS, BilinearTransformerConfig, Order
 from iclab.plotting import band, save, subplots
 
 
@@ -88,7 +86,7 @@ def split_label(label: str) -> tuple[str, int]:
 
 
 def _sandwich(cfg: OrderAblationConfig) -> bool:
-    """Claim 20 compares the orders: made (and FFN-first trained at L − 1) only when both are trained."""
+    """The sandwich compares the orders: made (and FFN-first trained at L − 1) only when both are trained."""
     return {"ffn_first", "attention_first"} <= set(cfg.orders)
 
 
@@ -100,7 +98,7 @@ def depths(cfg: OrderAblationConfig, order: str) -> tuple[int, ...]:
 
 def run(cfg: OrderAblationConfig, ctx: RunContext) -> OrderAblationResults:
     base = model_base(cfg, cfg.d)
-    models = {f"{o}-L{L}": BilinearTransformerConfig(**base, n_blocks=L, order=o) for o in cfg.orders for L in depths(cfg, o)}  # fmt: skip
+    models = {f"{o}-L{L}": BilinearTransformerConfig(**base, n_blocks=L, order=cast(Order, o)) for o in cfg.orders for L in depths(cfg, o)}  # fmt: skip
     return OrderAblationResults(rows=run_models(cfg, ctx, models, cfg.d), floor=affine_stats(cfg).floor)
 
 
@@ -142,29 +140,16 @@ def claims(results: OrderAblationResults, cfg: OrderAblationConfig) -> list[Clai
                 sides["attention-first / FFN-first(L − 1)"] = attn / below
                 losses += f", FFN-first(L − 1) {below:.4g}"
             ratios = ", ".join(f"{k} {v:.4g}" for k, v in sides.items())
-            out.append(check(f"attention_first_between_depths_L{L}", max(sides.values()), hi=cfg.tol.slack, detail=f"mean loss at n = {cfg.n}, L = {L}: {losses}; {ratios} (claim 20 as the paper states it: the orders' classes nest within one block; the spec's equal-depth ratio {max(ffn, attn) / min(ffn, attn):.3g})"))  # fmt: skip
+            out.append(check(f"attention_first_between_depths_L{L}", max(sides.values()), hi=cfg.tol.slack, detail=f"mean loss at n = {cfg.n}, L = {L}: {losses}; {ratios} (the remark as the paper states it: the orders' classes nest within one block; the equal-depth ratio {max(ffn, attn) / min(ffn, attn):.3g})"))  # fmt: skip
         worst = max(at(cfg, r, cfg.n)[0] + k * at(cfg, r, cfg.n)[1] for r in _rows(rows, L=L))
-        out.append(check(f"both_orders_below_linear_floor_L{L}", worst, hi=floor, detail=f"max over orders, seeds of (loss + {k:g}σ) vs the Prop. 1 floor d(d+3)/2 (claims 9, 20)"))  # fmt: skip
+        out.append(check(f"both_orders_below_linear_floor_L{L}", worst, hi=floor, detail=f"max over orders, seeds of (loss + {k:g}σ) vs the Prop. 1 floor d(d+3)/2", smoke="6 training steps: both at their initial loss"))  # fmt: skip
     return out
 
 
-ORDER_ABLATION = register(
-    Experiment(
-        name="sun2025.order_ablation",
-        title="Sec. 2.2 remark: [FFN → LSA] blocks (the paper's) vs [LSA → FFN] (the usual order), alike up to a block",
-        config=OrderAblationConfig,
-        presets={
-            # floor_sigmas = 0 only keeps the smoke value of both_orders_below_linear_floor_L2 (not checked at smoke)
-            "smoke": dict(**SMOKE, d=2, d_bar=7, blocks=(2,), test_ns=(10, 20), floor_sigmas=0.0),
-            "quick": dict(**QUICK, blocks=(2,), test_ns=(25, 50, 100)),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="Quadratic ICL, d = 3, d̄ = 12, Fig. 1's training settings; the same bilinear FFN and LSA layers in either order (label row masked in the FFN either way). Not an experiment of the paper (spec §5.1, claim 20).",
-        smoke_unchecked={
-            "both_orders_below_linear_floor_L2": "6 training steps: both at their initial loss",
-        },
-    )
+# smoke: floor_sigmas = 0 only keeps the frozen smoke value of both_orders_below_linear_floor_L2 (not checked there)
+CARD = card(
+    OrderAblationConfig,
+    "Sec. 2.2 remark: [FFN → LSA] blocks (the paper's) vs [LSA → FFN] (the usual order), alike up to a block",
+    smoke=dict(**SMOKE, d=2, d_bar=7, blocks=(2,), test_ns=(10, 20), floor_sigmas=0.0),
+    quick=dict(**QUICK, blocks=(2,), test_ns=(25, 50, 100)),
 )

@@ -1,10 +1,14 @@
-"""The GD form inside the Trained TF (Wang et al. 2025, §5, App. I; spec 004 §3.4 and claim 20): the free skeleton
-holding the GD construction, how far head 1 of a free model is from that form, and the Q/K gradient there."""
+"""The GD form inside the Trained TF (Wang et al. 2025, §3.4, §5, App. F and I): the free skeleton holding the GD
+construction, how far head 1 of a free model (or a single-step Trained TF, App. F) is from that form, and the Q/K
+gradient there."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -12,10 +16,10 @@ from torch import Tensor
 from iclab.constructions.categorical_attention import gd_form
 from iclab.core.episode import Episode
 from iclab.core.errors import require
-from iclab.core.numerics import dist_to_identity
+from iclab.core.numerics import congruence_dist_to_identity, dist_to_identity
 from iclab.core.seeding import generator
 from iclab.experiments.wang2025._setup import ce_loss
-from iclab.models.categorical_attention import CategoricalTransformer
+from iclab.models.categorical_attention import CategoricalTransformer, Erasure, SingleStepCategorical, _FreeBlock
 
 
 def gd_init_model(gd: CategoricalTransformer) -> CategoricalTransformer:
@@ -34,22 +38,61 @@ def gd_init_model(gd: CategoricalTransformer) -> CategoricalTransformer:
     exact = CategoricalTransformer(dataclasses.replace(cfg, erasure="rbf"), generator=generator(0)).to(dtype)
     exact.load_state_dict(gd.state_dict())
     form = gd_form(exact)
-    erasure = "kernel" if cfg.n_blocks == 1 else "rbf"
+    erasure: Erasure = "kernel" if cfg.n_blocks == 1 else "rbf"
     tf = CategoricalTransformer(dataclasses.replace(form.config, erasure=erasure), generator=generator(0)).to(dtype)
     tf.load_state_dict(form.state_dict())
     return tf
 
 
+@dataclass
+class GdForm:
+    """How far a single-step Trained TF is from the GD form (App. F, Fig. 9; §3.4): relative deviation from a multiple
+    of I of AᵀB (Q/K x-blocks) and E·D (P·W_V U → f), Q/K leakage onto non-x inputs, ‖P outside f‖/‖P‖.
+
+    E·D is identified only up to congruence (the learned W_e absorbs any change of basis M:
+    ``SingleStepCategorical.change_embedding_basis``), so the claim reads ``ED_congruence``, the distance of its
+    congruence class from a positive multiple of I (``core.numerics.congruence_dist_to_identity``); ``ED`` is the
+    matrix as Figs 8-9 draw it, in the basis training happened to leave."""
+
+    AtB: float
+    ED: float
+    ED_congruence: float
+    qk_leakage: float
+    P_outside_f: float
+
+
+def gd_form_metrics(model: SingleStepCategorical) -> GdForm:
+    """App. F, Fig. 9: rel. deviation from a multiple of I of AᵀB (Q/K x-blocks) and E·D (P·W_V U → F), leakage."""
+    d, dp = model.config.d, model.config.d_embed
+    WQ, WK, WV, P = (m.detach().double() for m in (model.W_Q, model.W_K, model.W_V, model.P))
+    A, B = WQ[:, :d], WK[:, :d]
+    gamma = P[-dp:, :] @ WV[:, d : d + dp]  # E · D
+    leak = (torch.cat([WQ[:, d:], WK[:, d:]]).norm() / torch.cat([A, B]).norm()).item()
+    p_out = (P[:-dp].norm() / P.norm()).item()
+    return GdForm(
+        AtB=dist_to_identity(A.T @ B).item(),
+        ED=dist_to_identity(gamma).item(),
+        ED_congruence=congruence_dist_to_identity(gamma).item(),
+        qk_leakage=leak,
+        P_outside_f=p_out,
+    )
+
+
+def _blocks(model: CategoricalTransformer) -> Sequence[_FreeBlock]:
+    """A free model's blocks, typed (an ``nn.ModuleList``'s items are typed ``nn.Module``)."""
+    return cast("Sequence[_FreeBlock]", model.blocks)
+
+
 def _qk_x_blocks(model: CategoricalTransformer) -> tuple[Tensor, Tensor]:
     """Head 1's (kernel head's) x columns A = W_Q[:, x], B = W_K[:, x] of every block, (K, D, d) each, float64."""
     d = model.config.d
-    A = torch.stack([blk.W_Q[0, :, :d] for blk in model.blocks]).detach().double()
-    B = torch.stack([blk.W_K[0, :, :d] for blk in model.blocks]).detach().double()
+    A = torch.stack([blk.W_Q[0, :, :d] for blk in _blocks(model)]).detach().double()
+    B = torch.stack([blk.W_K[0, :, :d] for blk in _blocks(model)]).detach().double()
     return A, B
 
 
 def qk_form_metrics(model: CategoricalTransformer, init: CategoricalTransformer | None = None) -> dict[str, Tensor]:
-    """How far head 1 of each block of a free model is from the GD form (spec §3.4, claim 20), (K,) tensors.
+    """How far head 1 of each block of a free model is from the GD form (§3.4, §5), (K,) tensors.
 
     ``qk_rel_dev``: dist_to_identity(AᵀB) = ‖AᵀB − (tr/d)I‖_F/‖AᵀB‖_F, A = W_Q[:, x], B = W_K[:, x] (0 at the
     GD form a²I); ``qk_leak``: ‖W_{Q,K}[:, non-x]‖_F / ‖W_{Q,K}[:, x]‖_F (0 at the GD form). With ``init``:
@@ -57,7 +100,7 @@ def qk_form_metrics(model: CategoricalTransformer, init: CategoricalTransformer 
     d, dp = model.config.d, model.config.d_embed
     A, B = _qk_x_blocks(model)
     M = A.mT @ B  # (K, d, d)
-    rest = torch.stack([torch.cat([blk.W_Q[0, :, d:], blk.W_K[0, :, d:]]) for blk in model.blocks]).detach().double()
+    rest = torch.stack([torch.cat([blk.W_Q[0, :, d:], blk.W_K[0, :, d:]]) for blk in _blocks(model)]).detach().double()
     out = {
         "qk_rel_dev": dist_to_identity(M),
         "qk_leak": rest.flatten(1).norm(dim=1) / torch.cat([A, B], 1).flatten(1).norm(dim=1),
@@ -68,7 +111,7 @@ def qk_form_metrics(model: CategoricalTransformer, init: CategoricalTransformer 
         out["qk_drift"] = (M - M0).flatten(1).norm(dim=1) / M0.flatten(1).norm(dim=1)
 
         def value(m: CategoricalTransformer) -> Tensor:  # (K, d', d'): F ← U block of P₁ W_V,₁
-            return torch.stack([(blk.P[0] @ blk.W_V[0])[-dp:, d : d + dp] for blk in m.blocks]).detach().double()
+            return torch.stack([(blk.P[0] @ blk.W_V[0])[-dp:, d : d + dp] for blk in _blocks(m)]).detach().double()
 
         V, V0 = value(model), value(init)
         out["value_drift"] = (V - V0).flatten(1).norm(dim=1) / V0.flatten(1).norm(dim=1)
@@ -94,7 +137,7 @@ def qk_gradient_metrics(model: CategoricalTransformer, episodes: Episode, groups
     )
     m = copy_f64(model)
     d, per = m.config.d, episodes.batch_size // groups
-    params = [blk.W_Q for blk in m.blocks] + [blk.W_K for blk in m.blocks]
+    params = [blk.W_Q for blk in _blocks(m)] + [blk.W_K for blk in _blocks(m)]
     K = len(m.blocks)
     ep = episodes.to(dtype=torch.float64)
     G = torch.zeros(groups, 2, K, d, d, dtype=torch.float64)

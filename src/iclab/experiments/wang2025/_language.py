@@ -1,6 +1,7 @@
-"""The set-up of the ``wang2025.language`` card (§6.3): token windows as trainer Episodes, the token-level loss, the
-models, early stopping on the validation NLL, and the evaluation after training (test NLL / perplexity / accuracy,
-the unigram reference, beam-search continuations with their repetition and story consistency).
+"""The set-up of the ``wang2025.language`` card (§6.3): its config (the paper's model sizes, the authors' training),
+token windows as trainer Episodes, the token-level loss, the models, early stopping on the validation NLL, and the
+evaluation after training (test NLL / perplexity / accuracy, the unigram reference, beam-search continuations with
+their repetition and story consistency).
 
 The trainer sees token windows through a thin adapter: an :class:`~iclab.core.episode.Episode` with the inputs as
 ``labels`` and the next tokens in ``task["targets"]`` (:func:`token_episode`). Every window lies inside one story
@@ -11,23 +12,97 @@ the loss and every metric skip them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
+from iclab.core.errors import require, require_int
 from iclab.core.io import atomic_torch_save
 from iclab.models.language import LanguageGD, LanguageGPT, generate, next_token_nll, repeated_ngram_fraction
 from iclab.tasks.language import IGNORE_INDEX, StoryLanguageData, story_consistency
-
-if TYPE_CHECKING:
-    from iclab.experiments.wang2025.language import LanguageConfig
+from iclab.training import TrainConfig
 
 MODELS: tuple[str, ...] = ("gd", "gd_ff", "gpt")
 LABELS = {"gd": "GD", "gd_ff": "GD + FF", "gpt": "Transformer (1 layer)"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LanguageTolerances:
+    ff_nll_rtol: float = 0.05  # GD + FF test NLL within 5 % of the transformer's (Fig. 5: GD + FF ≈ Transformer)
+    order_atol: float = 0.0  # GD's NLL >= the others' − order_atol
+    repetition_atol: float = 0.05
+    consistency_atol: float = 0.15  # GD + FF's consistency >= the transformer's − this ("GD + FF ≈ Transformer")
+    consistency_margin: float = 0.0  # the transformer's consistency >= GD's + this ("the Transformer scores better")
+    unigram_margin: float = 0.0  # each model's test NLL <= the unigram NLL + margin
+
+
+def _paper_train() -> TrainConfig:
+    """The authors' language training (their code for §6.3): AdamW lr 1e-3 constant, β = (0.9, 0.95), weight decay 1e-2,
+    global grad-norm clip 1, batch 64, 5000 steps. ``snapshot_every``: the validation NLL (eval mode, the early-
+    stopping snapshot :class:`BestCheckpoint`) every this many steps; the trainer's own test loss is off
+    (``eval_every = 0``: only at the end, on the validation windows)."""
+    return TrainConfig(
+        steps=5000,
+        batch_size=64,
+        optimizer="adamw",
+        lr=1e-3,
+        schedule="constant",  # the authors' lr is constant
+        warmup_steps=0,
+        betas=(0.9, 0.95),
+        weight_decay=1e-2,
+        clip=1.0,
+        clip_mode="global",
+        eval_every=0,
+        snapshot_every=250,
+        eval_batch=1,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LanguageConfig:
+    """Defaults: the paper's model sizes (d' = 512, 8 heads, 256 positions, 1 layer, dropout 0.1) and
+    optimiser, on the generated corpus (its BPE vocabulary saturates at ~790 ids: every word merged).
+
+    ``train.checkpoint_every`` (steps // 5), ``train.log_every`` (snapshot_every // 5) and ``train.seed``
+    (derive_seed(seed, "data")) are set per run."""
+
+    seeds: int = 5  # the authors' 5 seeds, error bars = std over seeds
+    stories: int = 20_000
+    vocab_size: int = 4096
+    seq_len: int = 256
+    d_embed: int = 512
+    heads: int = 8
+    n_layers: int = 1
+    kernel: Literal["softmax", "linear", "rbf"] = "softmax"
+    dropout: float = 0.1
+    models: tuple[str, ...] = MODELS
+    train: TrainConfig = field(default_factory=_paper_train)
+    eval_windows: int = 512  # held-out windows for the validation curve and the test metrics (cap)
+    prompts: int = 200  # held-out stories continued (the paper grades 200)
+    prompt_tokens: int = 128  # the model gets the first min(prompt_tokens, len/2) tokens (the paper's rule)
+    new_tokens: int = 100
+    beams: int = 3
+    ngram: int = 3
+    tol: LanguageTolerances = field(default_factory=LanguageTolerances)
+
+    def __post_init__(self) -> None:
+        require(
+            self,
+            "models",
+            len(self.models) >= 1 and all(m in MODELS for m in self.models),
+            f"a non-empty subset of {MODELS}",
+        )
+        for name in ("seeds", "stories", "seq_len", "d_embed", "heads", "n_layers", "eval_windows", "prompts",
+                     "prompt_tokens", "new_tokens", "beams", "ngram"):  # fmt: skip
+            require_int(self, name, getattr(self, name), 1)
+        tc = self.train
+        require(self, "train.schedule", tc.schedule in ("constant", "cosine"), "'constant' or 'cosine'", tc.schedule)
+        require(self, "train.warmup_steps", 0 <= tc.warmup_steps < tc.steps,
+                f"an int in [0, train.steps = {tc.steps})", tc.warmup_steps)  # fmt: skip
 
 
 def token_episode(inputs: Tensor, targets: Tensor, dtype: torch.dtype = torch.float32) -> Episode:
@@ -88,9 +163,9 @@ def evaluate_tokens(model: nn.Module, inputs: Tensor, targets: Tensor, batch: in
 
 
 class BestCheckpoint:
-    """Early stopping (spec 004 §4.0: reported numbers are those at the best validation NLL) as a trainer snapshot
-    function: every call measures the validation windows in eval mode and, when the NLL is the lowest so far, writes
-    the parameters to ``path`` (atomically; an interrupted run resumes with the best model it had found).
+    """Early stopping (the authors' protocol: reported numbers are those at the best validation NLL) as a trainer
+    snapshot function: every call measures the validation windows in eval mode and, when the NLL is the lowest so
+    far, writes the parameters to ``path`` (atomically; an interrupted run resumes with the best model it had found).
 
     A picklable callable (a module-level class holding a path and two tensors), so it travels inside a
     :class:`~iclab.training.TrainingRun` as its ``snapshot``; the best parameters live in the file, not the object.
@@ -147,7 +222,8 @@ class Continuations:
 def continuations(model: nn.Module, data: StoryLanguageData, cfg: LanguageConfig) -> Continuations:
     """Beam-search continuations of the first ``cfg.prompts`` test stories, and their repetition."""
     docs = data.documents["test"][: cfg.prompts]
-    reps, true_reps, consistent, true_consistent, examples = [], [], [], [], []
+    reps, true_reps, consistent, true_consistent = [], [], [], []
+    examples: list[Example] = []
     errors: dict[str, int] = {}
     device = next(model.parameters()).device
     for doc in docs:

@@ -1,4 +1,4 @@
-"""The set-up every wang2025 card shares (spec 004 §4.0): the training protocol, the authors' learning-rate table,
+"""The set-up every wang2025 card shares (the authors' code): the training protocol, the authors' learning-rate table,
 the cross-entropy loss, one fixed-L-contexts training run with its early-stopped test numbers, the §6.1 task with
 its Bayes rate, and the panels of the GD-per-depth figures.
 
@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from torch import Tensor, nn
@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from iclab.algorithms.classification import accuracy, nll
 from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
+from iclab.core.learner import Learner
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import RunContext
 from iclab.models.categorical_attention import (
@@ -42,11 +43,12 @@ MODES = ("gd", "free")
 
 def ce_loss(model: nn.Module, episode: Episode) -> Tensor:
     """Cross-entropy of the query label: −(1/B) Σ log p(y_{N+1} | x_{N+1}, context) (§4)."""
-    return nn.functional.cross_entropy(model.predict(episode), episode.label_query)  # type: ignore[operator]
+    assert episode.label_query is not None  # a classification episode
+    return nn.functional.cross_entropy(cast(Learner, model).predict(episode), episode.label_query)
 
 
 def _paper_train() -> TrainConfig:
-    """The trainer settings shared by every model (spec §4.0): minibatch 512, global-norm clip 1.0, the val/test
+    """The trainer settings shared by every model (the authors' code): minibatch 512, global-norm clip 1.0, the val/test
     metrics every 100 updates; the rest is set per model by :func:`run_train_config`."""
     return TrainConfig(batch_size=512, clip=1.0, clip_mode="global", eval_every=0, snapshot_every=100)
 
@@ -61,7 +63,7 @@ _PER_RUN = (
 
 @dataclass(frozen=True, kw_only=True)
 class CatSetup:
-    """Training set-up shared by every figure (spec §4.0); defaults are the paper's (JAX code) settings.
+    """Training set-up shared by every figure; defaults are the paper's (JAX code) settings.
 
     ``train`` holds the trainer settings shared by every model (minibatch — capped at L —, clip, ``snapshot_every``
     = updates between the val/test evaluations, dtype); the optimiser (Adam for GD, AdamW β = (0.9, 0.98) for the
@@ -88,15 +90,15 @@ class CatSetup:
     def __post_init__(self) -> None:
         for name in ("lr_gd", "lr_tf"):
             v = getattr(self, name)
-            require(self, name, v is None or v > 0, "null (the authors' table, spec §4.0) or a float > 0", v)
+            require(self, name, v is None or v > 0, "null (the authors' table) or a float > 0", v)
         require_int(self, "seeds", self.seeds, 1)
         default = TrainConfig()
         for name in _PER_RUN:
             value, unset = getattr(self.train, name), getattr(default, name)
             require(self, f"train.{name}", value == unset, f"left at {unset!r}: it is set per model (updates from "
-                    "epochs / max_updates, lr from lr_gd / lr_tf or the authors' table, spec §4.0)", value)  # fmt: skip
+                    "epochs / max_updates, lr from lr_gd / lr_tf or the authors' table)", value)  # fmt: skip
 
-    #: which row set of the authors' lr table applies (spec §4.0): "synthetic" (§6.1, App. F) or "image" (§6.2)
+    #: which row set of the authors' lr table applies: "synthetic" (§6.1, App. F) or "image" (§6.2)
     data: ClassVar[Literal["synthetic", "image"]] = "synthetic"
 
     @property
@@ -109,13 +111,26 @@ class CatSetup:
         return total if self.max_updates is None else min(total, self.max_updates)
 
 
+@dataclass(frozen=True, kw_only=True)
+class DepthSetup(CatSetup):
+    """The set-up of a GD-per-depth figure (Figs. 3 and 4 right): the GD model with each number of blocks on L
+    fixed training contexts."""
+
+    L: int = 2048
+    blocks: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require_int(self, "L", self.L, 1)
+
+
 _TABLE_KERNEL = {"softmax": "softmax", "exp": "softmax", "rbf": "rbf", "laplacian": "rbf", "linear": "linear"}
 
 
 def paper_optimiser(
     kernel: str, n_blocks: int, mode: str, data: Literal["synthetic", "image"] = "synthetic"
 ) -> dict[str, Any]:
-    """The authors' learning rate and staircase decay for one model (spec 004 §4.0, their ``conf_init``), as
+    """The authors' learning rate and staircase decay for one model (their code's ``conf_init``), as
     :class:`~iclab.training.TrainConfig` fields ``lr``, ``schedule`` and, for ``'step'``, ``step_every``/``step_gamma``.
 
     Synthetic data (§6.1, App. F): Trained TF (``mode='free'``) 1e-3 with one block; with two or more, softmax 5e-4
@@ -123,7 +138,7 @@ def paper_optimiser(
     else softmax 5e-4 (no schedule), rbf 2e-4 and linear 1e-4; GD decays ×0.8 every 1000 updates (rbf with two or
     more blocks ×0.85) except where "no schedule" is stated. Image episodes (§6.2): 1e-3 for both models, but GD with
     the linear kernel and one block 5e-5. The table has no exp or Laplacian row: exp uses softmax's (both exponentiate
-    a dot product), Laplacian rbf's (both are distance kernels); docs/errata.md, seed 004.
+    a dot product), Laplacian rbf's (both are distance kernels); docs/errata.md (Wang et al. 2025).
     """
     require("paper_optimiser", "mode", mode in MODES, "'gd' or 'free'", mode)
     require("paper_optimiser", "kernel", kernel in _TABLE_KERNEL, f"one of {sorted(_TABLE_KERNEL)}", kernel)
@@ -151,9 +166,10 @@ def _optimiser(setup: CatSetup, model: nn.Module | ModelSpec, mode: str, lr: flo
     lr = lr if lr is not None else (setup.lr_gd if mode == "gd" else setup.lr_tf)
     if lr is not None:
         return {"lr": lr, "schedule": "constant"}
-    cls, cfg = (model.cls, model.config) if isinstance(model, ModelSpec) else (type(model), model.config)
-    n_blocks = 1 if issubclass(cls, SingleStepCategorical) else cfg.n_blocks  # type: ignore[union-attr]
-    return paper_optimiser(cfg.kernel, n_blocks, mode, setup.data)  # type: ignore[union-attr]
+    cls = model.cls if isinstance(model, ModelSpec) else type(model)
+    cfg: Any = model.config  # a CategoricalTransformerConfig
+    n_blocks = 1 if issubclass(cls, SingleStepCategorical) else cfg.n_blocks
+    return paper_optimiser(cfg.kernel, n_blocks, mode, setup.data)
 
 
 def run_train_config(
@@ -188,8 +204,9 @@ def eval_metrics(
     model: nn.Module, *, val: Episode, test: Episode, extra: SnapshotFn | None = None
 ) -> dict[str, Tensor]:
     """The trainer's snapshot: validation NLL, test NLL and accuracy, and ``extra(model)``'s curves."""
-    lv = model.predict(val)  # type: ignore[operator]
-    lt = model.predict(test)  # type: ignore[operator]
+    assert val.label_query is not None and test.label_query is not None  # classification episodes
+    lv = cast(Learner, model).predict(val)
+    lt = cast(Learner, model).predict(test)
     more = extra(model) if extra is not None else {}
     return {
         "val_nll": nll(lv, val.label_query),
@@ -305,6 +322,7 @@ def bayes_rates(task: Any, test: Episode, contexts: int) -> BayesRates:
     """Bayes numbers of ``task`` on ``test`` (float64, with ``p_query``) and its Monte-Carlo rate (seed 0)."""
     mc = task.bayes_rate(generator=generator(derive_seed(0, "bayes")), contexts=contexts, points=16)
     p = test.task["p_query"]
+    assert test.label_query is not None
     return BayesRates(
         test_max_prob=float(p.amax(-1).mean()),  # E[max p] on the test queries
         test_acc=float((p.argmax(-1) == test.label_query).double().mean()),
@@ -312,6 +330,13 @@ def bayes_rates(task: Any, test: Episode, contexts: int) -> BayesRates:
         mc_rate=mc.mean,
         mc_stderr=mc.stderr,
     )
+
+
+def held_out(setup: CatSetup, source: Any) -> tuple[Episode, Episode]:
+    """The validation set (the setup's dtype) and the test set (float64) of ``source``'s sampler, data seed 0."""
+    val = source.sample(setup.val_size, setup.n, generator=generator(derive_seed(0, "val")), dtype=setup.dtype)
+    test = source.sample(setup.test_size, setup.n, generator=generator(derive_seed(0, "test")), dtype=torch.float64)
+    return val, test
 
 
 def synthetic(setup: CatSetup) -> tuple[RBFMixtureCategorical, Episode, Episode, BayesRates]:
@@ -323,41 +348,46 @@ def synthetic(setup: CatSetup) -> tuple[RBFMixtureCategorical, Episode, Episode,
         d_embed=setup.d_embed,
         scale=setup.data_scale,
     )
-    val = task.sample(setup.val_size, setup.n, generator=generator(derive_seed(0, "val")), dtype=setup.dtype)
-    test = task.sample(setup.test_size, setup.n, generator=generator(derive_seed(0, "test")), dtype=torch.float64)
+    val, test = held_out(setup, task)
     bayes = bayes_rates(task, test, setup.bayes_contexts)
     return task, val, test.to(dtype=setup.dtype), bayes
 
 
-def model_spec(setup: CatSetup, n_blocks: int, mode: str, **kw: Any) -> ModelSpec:
-    """The K-block categorical transformer (``mode='gd'``: GD, ``'free'``: the Trained TF), built from the run's
-    ``init`` generator."""
+def model_spec(
+    setup: CatSetup, n_blocks: int, mode: str, *, cls: type[nn.Module] = CategoricalTransformer, **kw: Any
+) -> ModelSpec:
+    """The K-block categorical transformer (``mode='gd'``: GD, ``'free'``: the Trained TF; ``cls``: e.g. the
+    single-step model) with the setup's kernel unless ``kw`` gives one, built from the run's ``init`` generator."""
     cfg = CategoricalTransformerConfig(
         d=setup.d,
         d_embed=setup.d_embed,
         num_classes=setup.num_classes,
         n_blocks=n_blocks,
-        kernel=setup.kernel,
-        mode=mode,  # type: ignore[arg-type]
+        mode=mode,  # type: ignore[arg-type]  # a str; CategoricalTransformerConfig checks it
         init_std=setup.init_std,
-        **kw,
+        **{"kernel": setup.kernel, **kw},
     )
-    return ModelSpec(CategoricalTransformer, cfg)
+    return ModelSpec(cls, cfg)
 
 
-def gd_per_depth(cfg: Any, ctx: RunContext, sample: Any, val: Episode, test: Episode, L: int) -> dict[int, RunGroup]:
-    """The GD model with each number of blocks in ``cfg.blocks``, every seed, on L fixed contexts: {K: RunGroup}."""
-    per_depth = [
-        [
-            fixed_L_run(
-                cfg, f"gd-K{K}-seed{s}", model_spec(cfg, K, "gd"), sample, L, seed=s, mode="gd", val=val, test=test
-            )
-            for s in range(cfg.seeds)
-        ]
+def seed_runs(setup: CatSetup, name: str, model: ModelSpec, sample: Any, L: int, **kw: Any) -> list[TrainingRun]:
+    """:func:`fixed_L_run` of one model for every seed, named ``<name>-seed<s>`` (``kw``: its keywords)."""
+    return [fixed_L_run(setup, f"{name}-seed{s}", model, sample, L, seed=s, **kw) for s in range(setup.seeds)]
+
+
+def train_groups(ctx: RunContext, groups: list[list[TrainingRun]]) -> list[RunGroup]:
+    """Train every group of runs (one model's seeds) in one batch; each group's records and summary."""
+    return [summary([record(r) for r in results]) for results in ctx.execute_groups(groups)]
+
+
+def gd_per_depth(cfg: DepthSetup, ctx: RunContext, sample: Any, val: Episode, test: Episode) -> dict[int, RunGroup]:
+    """The GD model with each number of blocks in ``cfg.blocks``, every seed, on ``cfg.L`` fixed contexts:
+    {K: RunGroup}."""
+    groups = [
+        seed_runs(cfg, f"gd-K{K}", model_spec(cfg, K, "gd"), sample, cfg.L, mode="gd", val=val, test=test)
         for K in cfg.blocks
     ]
-    done = ctx.execute_groups(per_depth)
-    return {K: summary([record(r) for r in results]) for K, results in zip(cfg.blocks, done, strict=True)}
+    return dict(zip(cfg.blocks, train_groups(ctx, groups), strict=True))
 
 
 def gd_curves(axes: Any, gd: dict[int, RunGroup], blocks: list[int], color: Any, prefix: str) -> None:
@@ -367,6 +397,14 @@ def gd_curves(axes: Any, gd: dict[int, RunGroup], blocks: list[int], color: Any,
         x = runs[0].steps.numpy()
         for ax, key in zip(axes[0], ("test_acc", "test_nll"), strict=True):
             band(ax, x, torch.stack([getattr(r, key) for r in runs]), label=f"{prefix}{K} block(s)", color=color(i))
+
+
+def label_curves(axes: Any, acc_label: str, fontsize: int) -> None:
+    """Axis labels and legends of :func:`gd_curves`' two panels (after their reference lines are drawn)."""
+    for ax, name in zip(axes[0], (acc_label, "NLL"), strict=True):
+        ax.set_xlabel("optimizer updates")
+        ax.set_ylabel(name)
+        ax.legend(fontsize=fontsize)
 
 
 #: smoke: seconds, checks that everything runs (claims a few updates cannot meet are listed as not checked)

@@ -1,70 +1,45 @@
-"""Wang et al. 2025, Fig. 2 with RBF attention: one block, GD vs the Trained TF vs the number L of training
-contexts.
+"""Wang et al. 2025, Fig. 2 with RBF attention: as ``wang2025.fig2`` (one block, GD vs the Trained TF vs the number
+L of training contexts) with the RBF kernel κ = exp(−‖W_K e_i − W_Q e_j‖²/2) ÷ N in head 1, for GD
+(W_Q = W_K = a[I_d 0], eq. 26-44) and for the Trained TF.
 
-What the paper shows (§6.1; the spec reads Fig. 2 as showing RBF and softmax attention, spec 004 §4.1): as
-``wang2025.fig2`` with the RBF kernel κ = exp(−‖W_K e_i − W_Q e_j‖²/2) ÷ N in head 1, for GD (W_Q = W_K = a[I_d 0],
-eq. 26-44) and for the Trained TF: the two agree once L is large and GD needs fewer training contexts.
+What the paper shows (§6.1, whose Fig. 2 we read as showing RBF and softmax attention): the two agree once L is
+large and GD needs fewer training contexts.
 
-Command: ``iclab run wang2025.fig2_rbf --preset quick`` (``--preset paper``: the spec's 1-layer rbf lr 1e-3 for both
+Run: ``iclab run wang2025.fig2_rbf --preset quick`` (``--preset paper``: the authors' 1-layer rbf lr 1e-3 for both
 models, L = 2048 … 32768, 5 seeds).
 
-Claims (spec §5, fig2's tolerances):
-- tf_matches_gd_acc_at_largest_L: |acc_TF − acc_GD| <= 0.02 at the largest L (claim 11; quick 0.05).
+Claims (fig2's tolerances):
+- tf_matches_gd_acc_at_largest_L: |acc_TF − acc_GD| <= 0.02 at the largest L (quick 0.05).
 - tf_matches_gd_nll_at_largest_L: |NLL_TF − NLL_GD| <= 0.05 there (quick 0.2).
 - tf_approaches_gd_with_L: the GD − TF accuracy gap and the TF − GD NLL gap are both smaller at the largest L.
-- gd_below_bayes_rate: the best GD accuracy <= Bayes E[max p] on the test queries + 3 s.e. (claim 15).
-- gd_is_data_efficient: GD accuracy at the smallest and largest L within 0.01 (claim 13; quick 0.03).
+- gd_below_bayes_rate: the best GD accuracy <= Bayes E[max p] on the test queries + 3 s.e.
+- gd_is_data_efficient: GD accuracy at the smallest and largest L within 0.01 (quick 0.03).
 - tf_improves_with_L: the TF's accuracy at the largest L >= at the smallest.
 - tf_nll_decreases_with_L: the TF's NLL rises by <= 0.02 between successive L.
 - gd_beats_tf_at_smallest_L: acc_GD − acc_TF >= 0 at the smallest L.
 
-Time (2-core CPU): quick ≈ 11 s quiet (29 s experiment, 36 s wall at load ≈ 2.5); paper: 75 core-hours projected
-(session 11), the longest run 5.6 h: a GPU job. A reduced run (1 seed, 800 updates a run) gives 8/8 in 5.4 min
-(session 15; docs/papers/wang2025.md).
+Time on 2 CPU cores: quick ≈ 11 s; paper ≈ 75 core-hours projected, the longest run 5.6 h (a GPU job); 1 seed at
+800 updates a run gives 8/8 in 5.4 min.
 
-What did not match: nothing at quick (7/7; docs/papers/wang2025.md "Fig. 2 with RBF attention"). The seed text has
-no RBF numbers, so only the qualitative statements are compared; RBF is ≈ 0.06 below softmax at quick and its GD
-model is not converged after 150 updates.
+What did not match: nothing at quick (docs/papers/wang2025.md "Fig. 2 with RBF attention"). The paper's text has no
+RBF numbers, so only the qualitative statements are compared; RBF is ≈ 0.06 below softmax at quick and its GD model
+is not converged after 150 updates.
 """
 
 from __future__ import annotations
 
-from iclab.experiments.registry import Experiment, register
+from iclab.experiments.registry import card
 from iclab.experiments.wang2025._setup import QUICK, SMOKE
-from iclab.experiments.wang2025._sweep_L import (
-    SMOKE_MATCH,
-    SweepLConfig,
-    claims_sweep_L,
-    plot_sweep_L,
-    run_sweep_L,
-)
+from iclab.experiments.wang2025._sweep_L import SweepLConfig, plot_sweep_L, run_sweep_L, sweep_claims
 
-FIG2_RBF = register(
-    Experiment(
-        name="wang2025.fig2_rbf",
-        title="Fig. 2 with RBF attention: one block, GD vs Trained TF vs L",
-        config=SweepLConfig,
-        presets={
-            "smoke": dict(**SMOKE, kernel="rbf", L_grid=(32, 64)),
-            "quick": dict(
-                **QUICK,
-                kernel="rbf",
-                L_grid=(512, 4096),
-                match_acc_tol=0.05,
-                match_nll_tol=0.2,
-                data_efficiency_tol=0.03,
-            ),
-            # spec §4.0: 1-layer rbf lr 1e-3 for both GD and TF (paper_optimiser)
-            "paper": dict(n_blocks=1, kernel="rbf", L_grid=(2048, 4096, 8192, 16384, 32768)),
-        },
-        run=run_sweep_L,
-        plot=plot_sweep_L,
-        claims=claims_sweep_L,
-        description="As Fig. 2 with the RBF kernel exp(−‖W_K e_i − W_Q e_j‖²/2) (÷ N) in the attention block, for GD "
-        "(W_Q = W_K = a[I_d 0]) and the Trained TF; the spec reads Fig. 2 as showing RBF and softmax (§4.1).",
-        smoke_unchecked={
-            **SMOKE_MATCH,
-            "gd_is_data_efficient": "4 updates: GD's accuracy at two L differs by test-set noise",
-        },
-    )
+QUICK_PRESET = dict(
+    **QUICK, kernel="rbf", L_grid=(512, 4096), match_acc_tol=0.05, match_nll_tol=0.2, data_efficiency_tol=0.03
 )
+# the authors' 1-layer rbf lr 1e-3 for both GD and TF (paper_optimiser)
+PAPER_PRESET = dict(n_blocks=1, kernel="rbf", L_grid=(2048, 4096, 8192, 16384, 32768))
+CARD = card(
+    SweepLConfig, "Fig. 2 with RBF attention: one block, GD vs Trained TF vs L",
+    smoke=dict(**SMOKE, kernel="rbf", L_grid=(32, 64)), quick=QUICK_PRESET, paper=PAPER_PRESET,
+    run=run_sweep_L, plot=plot_sweep_L,
+    claims=sweep_claims(gd_is_data_efficient="4 updates: GD's accuracy at two L differs by test-set noise"),
+)  # fmt: skip

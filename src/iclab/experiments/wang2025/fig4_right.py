@@ -1,26 +1,26 @@
 """Wang et al. 2025, Fig. 4 (right): in-context classification of held-out classes, GD with 1-3 blocks vs linear
-probing.
+probing, on an offline stand-in: scikit-learn digits, classes 0-4 train / 5-9 test, 5-way 10-shot (N = 50), a fixed
+seeded random-ReLU feature extractor (64 features), the linear kernel; linear probing = the authors' per-episode
+probe (500 AdamW steps, no bias), with the L2-regularised probe solved to optimality as a second reference.
 
-What the paper shows (§6.2, spec 004 §4.2): on 5-way 10-shot episodes of VGG16 features of 100 held-out ImageNet
-classes, the GD transformer (K blocks = K functional-GD steps, eq. 26-44) with 2 and 3 blocks matches a linear
-probe trained on each episode "almost exactly"; 1 block is slightly below. Offline stand-in (spec §4.5):
-scikit-learn digits, classes 0-4 train / 5-9 test, a fixed seeded random-ReLU feature extractor (64 features); the
-linear kernel, as the authors' Fig. 4 notebook. ``features_path`` runs it on your own features (e.g. VGG16).
+What the paper shows (§6.2): on 5-way 10-shot episodes of VGG16 features of 100 held-out ImageNet classes, the GD
+transformer (K blocks = K functional-GD steps, eq. 26-44) with 2 and 3 blocks matches a linear probe trained on each
+episode "almost exactly"; 1 block is slightly below. The linear kernel is the one the authors' Fig. 4 notebook
+plots. ``features_path`` runs the card on your own features (e.g. VGG16).
 
-Command: ``iclab run wang2025.fig4_right --preset quick`` (``--preset paper``: L = 2048, 5 seeds, 5000 epochs).
+Run: ``iclab run wang2025.fig4_right --preset quick`` (``--preset paper``: L = 2048, 5 seeds, 5000 epochs).
 
-Claims (spec §5 claim 18):
+Claims:
 - deep_gd_matches_linear_probing: |best GD accuracy with 2-3 blocks − the authors' probe (500 AdamW steps)| <= 0.02
   (quick 0.03).
 - one_block_not_above_deeper: acc(1 block) − best acc(2-3 blocks) <= 0.01.
 
-Time (2-core CPU): quick ≈ 9 s quiet (21 s wall under load ≈ 4; 23 s of an older 81 s run was the probe on 1024
-episodes); paper (15 runs of 20 000 updates) 50 min with ``--workers 2`` (session 14): 1/2, below.
+Time on 2 CPU cores: quick ≈ 9 s; paper (15 runs of 20 000 updates) 50 min with ``--workers 2``: 1/2, below.
 
 What did not match: GD ≈ linear probing holds for the authors' budgeted probe at quick (GD 3 blocks 0.846 vs 0.861),
-not for the converged L2 probe (0.900, shown as the second reference); with the softmax kernel GD stays at 0.77. At
-paper (L = 2048, 5 seeds) GD plateaus at 0.687 / 0.797 / 0.820 for 1 / 2 / 3 blocks against the probe's 0.843:
-0.023 short, a finding on the digits stand-in (docs/papers/wang2025.md "What fails and why", docs/errata.md seed 004).
+not for the converged L2 probe (0.900); with the softmax kernel GD stays at 0.77. At paper GD plateaus at 0.687 /
+0.797 / 0.820 for 1 / 2 / 3 blocks against the probe's 0.843: 0.023 short, a finding on the digits stand-in
+(docs/papers/wang2025.md "What fails and why", docs/errata.md).
 """
 
 from __future__ import annotations
@@ -30,48 +30,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
-import torch
-
 from iclab.algorithms.classification import BudgetProbe, LinearProbe, accuracy, nll
-from iclab.core.errors import require, require_int
-from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
-from iclab.experiments.wang2025._setup import QUICK, SMOKE, CatSetup, RunGroup, gd_curves, gd_per_depth
+from iclab.core.errors import require
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
+from iclab.experiments.wang2025._setup import (
+    QUICK,
+    SMOKE,
+    DepthSetup,
+    RunGroup,
+    gd_curves,
+    gd_per_depth,
+    held_out,
+    label_curves,
+)
 from iclab.plotting import save, subplots
 from iclab.tasks.image_episodes import FeatureEpisodes, digits_episodes, feature_file_episodes
 
 
 @dataclass(frozen=True, kw_only=True)
 class ImageTolerances:
-    probe_tol: float = 0.02  # claim 18: GD (2-3 blocks) within this of the authors' probe
+    probe_tol: float = 0.02  # GD (2-3 blocks) within this of the authors' probe (§6.2: "almost exactly")
     one_block_slack: float = 0.01  # acc(1 block) may exceed the deeper models' by this (§6.2: "slightly lower")
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImageConfig(CatSetup):
+class ImageConfig(DepthSetup):
     data: ClassVar[Literal["synthetic", "image"]] = "image"
     d: int = 64
     num_classes: int = 5
-    d_embed: int = 5  # the paper's value is stripped (spec §4.2 [FLAG])
+    d_embed: int = 5  # the paper's value is not in its text
     n: int = 50  # 5-way 10-shot
     # the paper does not say; the authors' code has softmax and linear runs and their Fig. 4 notebook plots the
-    # linear ones (spec §4.2 [FLAG]). K linear-kernel GD steps are K GD steps of a linear classifier in
-    # feature space, the function class of the linear probe
+    # linear ones. K linear-kernel GD steps are K GD steps of a linear classifier in feature space, the probe's class
     kernel: Literal["linear", "rbf", "exp", "laplacian", "softmax"] = "linear"
     extractor: Literal["random_relu", "pixels"] = "random_relu"
     width: int = 64
     #: your own features instead of the digits stand-in: an .npz with 'features' (N, F), 'labels' (N,) and optionally
     #: 'train_classes' / 'test_classes' (``tasks.feature_file_episodes``); set d = F (e.g. 512 for VGG16 features)
     features_path: str | None = None
-    L: int = 2048
     blocks: tuple[int, ...] = (1, 2, 3)
     probe_l2: float = 1e-2  # the converged reference probe (LinearProbe)
     probe_steps: int = 500  # the authors' probe: AdamW steps at lr 1e-3 from a small init (BudgetProbe)
     tol: ImageTolerances = field(default_factory=ImageTolerances)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require_int(self, "L", self.L, 1)
 
 
 def image_episodes(cfg: ImageConfig) -> tuple[FeatureEpisodes, FeatureEpisodes]:
@@ -85,7 +85,8 @@ def image_episodes(cfg: ImageConfig) -> tuple[FeatureEpisodes, FeatureEpisodes]:
     else:
         train, test = feature_file_episodes(cfg.features_path, ways=cfg.num_classes, shots=shots)
     F = train.feature_dim
-    require(cfg, "d", cfg.d == F, f"the feature width F = {F}" + (f" of {cfg.features_path}" if cfg.features_path else f" of the '{cfg.extractor}' extractor"))  # fmt: skip
+    source = f"of {cfg.features_path}" if cfg.features_path else f"of the '{cfg.extractor}' extractor"
+    require(cfg, "d", cfg.d == F, f"the feature width F = {F} {source}")
     return train, test
 
 
@@ -106,22 +107,18 @@ class ImageResults:
 def run(cfg: ImageConfig, ctx: RunContext) -> ImageResults:
     """The two linear probes on the test episodes, then the GD model with each number of blocks."""
     train_eps, test_eps = image_episodes(cfg)
-    val = test_eps.sample(cfg.val_size, cfg.n, generator=generator(derive_seed(0, "val")), dtype=cfg.dtype)
-    test = test_eps.sample(cfg.test_size, cfg.n, generator=generator(derive_seed(0, "test")), dtype=torch.float64)
+    val, test = held_out(cfg, test_eps)
     scores = {}
     for key, probe in (
         ("probe", BudgetProbe(num_classes=cfg.num_classes, steps=cfg.probe_steps)),
         ("probe_converged", LinearProbe(num_classes=cfg.num_classes, l2=cfg.probe_l2)),
     ):
         logits = probe.predict(test)
-        scores[key] = ProbeScore(
-            acc=float(accuracy(logits, test.label_query)), nll=float(nll(logits, test.label_query))
-        )
+        assert test.label_query is not None
+        scores[key] = ProbeScore(float(accuracy(logits, test.label_query)), float(nll(logits, test.label_query)))
     sample = functools.partial(train_eps.sample, n=cfg.n)
-    gd = gd_per_depth(cfg, ctx, sample, val, test.to(dtype=cfg.dtype), cfg.L)
-    return ImageResults(
-        probe=scores["probe"], probe_converged=scores["probe_converged"], blocks=list(cfg.blocks), gd=gd
-    )
+    gd = gd_per_depth(cfg, ctx, sample, val, test.to(dtype=cfg.dtype))
+    return ImageResults(scores["probe"], scores["probe_converged"], list(cfg.blocks), gd)
 
 
 def plot(results: ImageResults, cfg: ImageConfig, out: Path) -> list[Path]:
@@ -134,10 +131,7 @@ def plot(results: ImageResults, cfg: ImageConfig, out: Path) -> list[Path]:
     ):
         axes[0, 0].axhline(score.acc, ls=ls, color="k", label=label)
         axes[0, 1].axhline(score.nll, ls=ls, color="k", label=label)
-    for ax, name in zip(axes[0], ("accuracy (held-out classes)", "NLL"), strict=True):
-        ax.set_xlabel("optimizer updates")
-        ax.set_ylabel(name)
-        ax.legend(fontsize=7)
+    label_curves(axes, "accuracy (held-out classes)", 7)
     return [save(fig, out / "fig4_right.png")]
 
 
@@ -151,7 +145,8 @@ def claims(results: ImageResults, cfg: ImageConfig) -> list[ClaimResult]:
             abs(best_deep - probe.acc),
             hi=cfg.tol.probe_tol,
             detail=f"GD acc by blocks { {K: round(gd[K].acc, 4) for K in gd} } vs the authors' probe "
-            f"{probe.acc:.4f} (claim 18; converged L2 probe {results.probe_converged.acc:.4f})",
+            f"{probe.acc:.4f} (§6.2; converged L2 probe {results.probe_converged.acc:.4f})",
+            smoke="4 updates on 64 episodes: GD is far from the probe's accuracy",
         ),
         check(
             "one_block_not_above_deeper",
@@ -162,25 +157,9 @@ def claims(results: ImageResults, cfg: ImageConfig) -> list[ClaimResult]:
     ]
 
 
-FIG4_RIGHT = register(
-    Experiment(
-        name="wang2025.fig4_right",
-        title="Fig. 4 (right): in-context classification of held-out digit classes, GD 1-3 blocks vs linear probing",
-        config=ImageConfig,
-        presets={
-            "smoke": {**SMOKE, "n": 50, "L": 64, "blocks": (1, 2)},
-            "quick": {**QUICK, "L": 1024, "batch_size": 64, "probe_tol": 0.03},
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="Offline stand-in for §6.2: scikit-learn digits, classes 0-4 train / 5-9 test, 5-way 10-shot "
-        "(N = 50), a fixed seeded random-ReLU feature extractor (64 features), the linear kernel (the authors' "
-        "plotting notebook); linear probing = the authors' per-episode probe (500 AdamW steps, no bias), with "
-        "the L2-regularised probe solved to optimality as a second reference.",
-        smoke_unchecked={
-            "deep_gd_matches_linear_probing": "4 updates on 64 episodes: GD is far from the probe's accuracy",
-        },
-    )
+CARD = card(
+    ImageConfig,
+    "Fig. 4 (right): in-context classification of held-out digit classes, GD 1-3 blocks vs linear probing",
+    smoke={**SMOKE, "n": 50, "L": 64, "blocks": (1, 2)},
+    quick={**QUICK, "L": 1024, "batch_size": 64, "probe_tol": 0.03},
 )

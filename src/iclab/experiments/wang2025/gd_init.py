@@ -1,25 +1,26 @@
-"""Wang et al. 2025, §5 / App. I in practice (spec 004 claim 20): the Trained TF initialised at the GD model stays
-there.
+"""Wang et al. 2025, §5 / App. I in practice: the Trained TF initialised at the GD model stays there. §6.1 data,
+softmax attention, 1 block: GD pre-trained (its W_e starting at the generator's), its construction loaded into the
+free skeleton, trained at the authors' gd_init lr 1e-5 (×0.5 every 500 updates). Left: rel. deviation of head 1's
+AᵀB from a multiple of I (solid) and its relative change (dashed); middle: test NLL above the GD model's; right: the
+Q/K gradient at init (one seed, block 1).
 
-What the paper shows (§5, Theorem 2, App. I eq. 57; the authors' ``gd_init`` run, spec §4.0): the GD construction
+What the paper shows (§5, Theorem 2, App. I eq. 57; the authors' ``gd_init`` run): the GD construction
 (W_Q = W_K = aI on the x-block, eq. 26-44) is a stationary point of the population loss for the Trained TF's Q/K
-matrices: the query-CE gradient there is a multiple of I. In practice: pre-train the GD model, load its
-construction into the Trained-TF skeleton, train that at lr 1e-5 (×0.5 every 500 updates) and watch whether it
-leaves the GD form.
+matrices: the query-CE gradient there is a multiple of I.
 
-Command: ``iclab run wang2025.gd_init --preset quick`` (``--preset paper``: 5 seeds, 20 000 updates for GD and each
+Run: ``iclab run wang2025.gd_init --preset quick`` (``--preset paper``: 5 seeds, 20 000 updates for GD and each
 TF lr, the gradient on 32 768 contexts).
 
 Claims:
 - tf_init_is_the_gd_model: |test NLL of the TF at step 0 − GD's| <= 1e-4 (float32 rounding only).
 - qk_gradient_on_gd_form_is_scaled_identity: ‖off-identity part of the mean Q/K gradient‖ <= 2 × its standard error
   across context groups, for every seed, block, W_Q/W_K and W_Q = W_K = c·aI (c = 1, 0.25) (eq. 57).
-- learned_qk_stays_scaled_identity: max over training of dist_to_identity(AᵀB), head 1, <= 0.1 (claim 20).
-- qk_leakage_stays_small: max over training of ‖W_{Q,K}[:, non-x]‖/‖W_{Q,K}[:, x]‖ <= 0.1 (spec §3.4).
+- learned_qk_stays_scaled_identity: max over training of dist_to_identity(AᵀB), head 1, <= 0.1.
+- qk_leakage_stays_small: max over training of ‖W_{Q,K}[:, non-x]‖/‖W_{Q,K}[:, x]‖ <= 0.1 (§3.4).
 - loss_does_not_rise_above_gd: max over training of test NLL(TF) − test NLL(GD) <= 0.01.
 
-Time (2-core CPU): quick ≈ 9 s quiet (23 s experiment, 30 s wall at load ≈ 1.5; one seed, GD and TF 150 updates of
-128, gradient on 4096 contexts); paper: 57 min with ``--workers 2`` (session 13), 5/5 (docs/papers/wang2025.md).
+Time on 2 CPU cores: quick ≈ 9 s (one seed, GD and TF 150 updates of 128, gradient on 4096 contexts); paper 57 min
+with ``--workers 2``, 5/5.
 
 What did not match: nothing (5/5 at quick, softmax and rbf). Caveats (docs/papers/wang2025.md "Stationarity in
 practice"): at lr 1e-5 with the staircase no entry can move by more than ≈ 0.01, so "stays" is largely the
@@ -39,9 +40,10 @@ import torch
 from torch import Tensor
 
 from iclab.algorithms.classification import nll
+from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.wang2025._gd_form import (
     copy_f64,
     gd_init_model,
@@ -62,12 +64,14 @@ from iclab.experiments.wang2025._setup import (
 )
 from iclab.models.categorical_attention import CategoricalTransformer
 from iclab.plotting import band, heatmap, save, subplots
+from iclab.tasks.categorical import RBFMixtureCategorical
+from iclab.training import TrainingRun
 
 
 @dataclass(frozen=True, kw_only=True)
 class GdInitTolerances:
     grad_noise_k: float = 2.0  # claim (a): ‖off-identity part of the mean gradient‖ <= k · its standard error
-    form_tol: float = 0.1  # claim (b): rel. deviation of AᵀB from a multiple of I (spec claim 20: <= 0.1)
+    form_tol: float = 0.1  # claim (b): rel. deviation of AᵀB from a multiple of I
     loss_rise_tol: float = 0.01  # claim (c): test NLL of the TF − that of the GD model, at every snapshot
     init_tol: float = 1e-4  # |test NLL of the TF at step 0 − GD's| (float32 rounding only)
 
@@ -78,7 +82,7 @@ class GdInitTolerances:
 
 @dataclass(frozen=True, kw_only=True)
 class GdInitConfig(CatSetup):
-    """The authors' ``gd_init`` run (spec §4.0, claim 20): pre-train the GD model, load its construction into the
+    """The authors' ``gd_init`` run: pre-train the GD model, load its construction into the
     Trained-TF skeleton (eq. 26-44), train that at lr 1e-5 and watch whether it leaves the GD form."""
 
     n_blocks: int = 1
@@ -141,17 +145,8 @@ class GdInitResults:
     seeds: list[GdInitSeed]
 
 
-def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
-    """Per seed: pre-train GD, measure the Q/K gradient at its construction, train the TF from it at each lr."""
-    task, val, test, bayes = synthetic(cfg)
-    sample = functools.partial(task.sample, n=cfg.n)
-    schedule = (
-        {}
-        if cfg.tf_decay_every is None
-        else {"schedule": "step", "step_every": cfg.tf_decay_every, "step_gamma": cfg.tf_decay}
-    )
-    lrs = [cfg.lr_tf, *(lr for lr in cfg.contrast_lrs if lr != cfg.lr_tf)]
-    out = GdInitResults(bayes=bayes, lrs=lrs, seeds=[])
+def _gd_models(cfg: GdInitConfig, task: RBFMixtureCategorical) -> list[CategoricalTransformer]:
+    """Every seed's GD model at init, its W_e at the generator's (shifted) if ``cfg.gd_embed_init == 'generator'``."""
     gds = []
     for s in range(cfg.seeds):
         gd = model_spec(cfg, cfg.n_blocks, "gd").build(generator(derive_seed(s, "init")))
@@ -160,6 +155,41 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
             with torch.no_grad():
                 gd.set_embeddings((task.W_e - task.W_e[:, -1:]).to(gd.W_free.dtype))  # (1) is shift invariant
         gds.append(gd)
+    return gds
+
+
+def _from_gd(
+    cfg: GdInitConfig, s: int, gd: CategoricalTransformer, task: RBFMixtureCategorical, val: Episode, test: Episode,
+    lrs: list[float],
+) -> tuple[float, dict[float, dict[str, Tensor]], list[TrainingRun]]:  # fmt: skip
+    """Seed ``s``'s trained GD model: its test NLL, the Q/K gradient at its construction per scale c, and the TF runs
+    (one per lr) that start from it."""
+    assert test.label_query is not None
+    with torch.no_grad():
+        gd_nll = float(nll(gd.predict(test.to(dtype=cfg.dtype)), test.label_query))
+    grad_eps = task.sample(cfg.grad_contexts, cfg.n, generator=generator(derive_seed(s, "grad")), dtype=torch.float64)
+    grad = {c: qk_gradient_metrics(gd_init_model(rescaled(gd, c)), grad_eps, cfg.grad_groups) for c in cfg.grad_scales}
+    snapshot = functools.partial(qk_form_metrics, init=copy_f64(gd_init_model(gd)))
+    schedule = (
+        {}
+        if cfg.tf_decay_every is None
+        else {"schedule": "step", "step_every": cfg.tf_decay_every, "step_gamma": cfg.tf_decay}
+    )
+    sample = functools.partial(task.sample, n=cfg.n)
+    runs = [
+        fixed_L_run(cfg, f"tf-lr{lr:g}-seed{s}", gd_init_model(gd), sample, cfg.L, seed=s, mode="free", val=val,
+                    test=test, lr=lr, extra=snapshot, train_overrides=schedule)
+        for lr in lrs
+    ]  # fmt: skip
+    return gd_nll, grad, runs
+
+
+def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
+    """Per seed: pre-train GD, measure the Q/K gradient at its construction, train the TF from it at each lr."""
+    task, val, test, bayes = synthetic(cfg)
+    sample = functools.partial(task.sample, n=cfg.n)
+    lrs = [cfg.lr_tf, *(lr for lr in cfg.contrast_lrs if lr != cfg.lr_tf)]
+    gds = _gd_models(cfg, task)
     gd_steps = cfg.updates(cfg.L) if cfg.gd_updates is None else cfg.gd_updates
     gd_runs: list[RunRecord | None] = [None] * cfg.seeds
     if gd_steps > 0:  # trains every seed's ``gd`` in place, in one batch
@@ -168,52 +198,21 @@ def run(cfg: GdInitConfig, ctx: RunContext) -> GdInitResults:
             for s, gd in enumerate(gds)
         ]
         gd_runs = [record(r) for r in ctx.execute(specs)]
-    per_seed, tf_runs = [], []
-    for s, gd in enumerate(gds):
-        gd = gd.to(cfg.dtype)
-        with torch.no_grad():
-            gd_nll = float(nll(gd.predict(test.to(dtype=cfg.dtype)), test.label_query))
-        init = gd_init_model(gd)
-        grad_eps = task.sample(
-            cfg.grad_contexts, cfg.n, generator=generator(derive_seed(s, "grad")), dtype=torch.float64
+    gds = [gd.to(cfg.dtype) for gd in gds]
+    per_seed = [_from_gd(cfg, s, gd, task, val, test, lrs) for s, gd in enumerate(gds)]
+    tfs = ctx.execute_groups([runs for _, _, runs in per_seed])  # every seed's TFs in one batch: from trained GD
+    seeds = [
+        GdInitSeed(
+            gd_nll=gd_nll,
+            gd_alpha=gd.alpha.detach().double().clone(),
+            gd_scale=float(gd.scale.detach()),
+            gd_run=gd_run,
+            grad=grad,
+            tf={lr: record(r) for lr, r in zip(lrs, tf, strict=True)},
         )
-        grad = {
-            c: qk_gradient_metrics(gd_init_model(rescaled(gd, c)), grad_eps, cfg.grad_groups) for c in cfg.grad_scales
-        }
-        snapshot = functools.partial(qk_form_metrics, init=copy_f64(init))
-        per_seed.append((gd, gd_nll, grad))
-        tf_runs.append(
-            [
-                fixed_L_run(
-                    cfg,
-                    f"tf-lr{lr:g}-seed{s}",
-                    gd_init_model(gd),
-                    sample,
-                    cfg.L,
-                    seed=s,
-                    mode="free",
-                    val=val,
-                    test=test,
-                    lr=lr,
-                    extra=snapshot,
-                    train_overrides=schedule,
-                )
-                for lr in lrs
-            ]
-        )
-    tfs = ctx.execute_groups(tf_runs)  # every seed's TFs in one batch: they start from trained GD models
-    for s, ((gd, gd_nll, grad), tf) in enumerate(zip(per_seed, tfs, strict=True)):
-        out.seeds.append(
-            GdInitSeed(
-                gd_nll=gd_nll,
-                gd_alpha=gd.alpha.detach().double().clone(),
-                gd_scale=float(gd.scale.detach()),
-                gd_run=gd_runs[s],
-                grad=grad,
-                tf={lr: record(r) for lr, r in zip(lrs, tf, strict=True)},
-            )
-        )
-    return out
+        for gd, gd_run, (gd_nll, grad, _), tf in zip(gds, gd_runs, per_seed, tfs, strict=True)
+    ]
+    return GdInitResults(bayes=bayes, lrs=lrs, seeds=seeds)
 
 
 def plot(results: GdInitResults, cfg: GdInitConfig, out: Path) -> list[Path]:
@@ -285,7 +284,7 @@ def claims(results: GdInitResults, cfg: GdInitConfig) -> list[ClaimResult]:
             "learned_qk_stays_scaled_identity",
             max(float(r.extra["qk_rel_dev"].max()) for r in runs),
             hi=tol.form_tol,
-            detail=f"max over training of dist_to_identity(AᵀB), head 1 (claim 20); rel. change of AᵀB "
+            detail=f"max over training of dist_to_identity(AᵀB), head 1 (§5); rel. change of AᵀB "
             f"{max(float(r.extra['qk_drift'].max()) for r in runs):.3g}, of P·W_V (U→F) "
             f"{max(float(r.extra['value_drift'].max()) for r in runs):.3g}; contrast {contrast or 'none'}",
         ),
@@ -293,7 +292,7 @@ def claims(results: GdInitResults, cfg: GdInitConfig) -> list[ClaimResult]:
             "qk_leakage_stays_small",
             max(float(r.extra["qk_leak"].max()) for r in runs),
             hi=tol.form_tol,
-            detail="max over training of ‖W_{Q,K}[:, non-x]‖/‖W_{Q,K}[:, x]‖, head 1 (spec §3.4; 0 at init)",
+            detail="max over training of ‖W_{Q,K}[:, non-x]‖/‖W_{Q,K}[:, x]‖, head 1 (§3.4; 0 at init)",
         ),
         check(
             "loss_does_not_rise_above_gd",
@@ -305,26 +304,10 @@ def claims(results: GdInitResults, cfg: GdInitConfig) -> list[ClaimResult]:
     ]
 
 
-GD_INIT = register(
-    Experiment(
-        name="wang2025.gd_init",
-        title="§5 in practice (claim 20): the Trained TF initialised at the GD model stays there",
-        config=GdInitConfig,
-        presets={
-            "smoke": dict(**SMOKE, L=64, lr_tf=1e-5, contrast_lrs=(), grad_contexts=64, grad_groups=4),
-            "quick": {
-                **QUICK,
-                "lr_tf": 1e-5,  # the paper's gd_init lr (QUICK's 0.03 is for training from scratch)
-                "grad_contexts": 4096,
-            },
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="§6.1 data, softmax attention, 1 block: GD pre-trained (its W_e starting at the generator's), its "
-        "construction loaded into the free skeleton, trained at the authors' gd_init lr 1e-5 (×0.5 every 500 "
-        "updates). Left: rel. deviation of head 1's AᵀB from a multiple of I (solid) and its relative change "
-        "(dashed); middle: test NLL above the GD model's; right: the Q/K gradient at init (one seed, block 1).",
-    )
+QUICK_PRESET = {**QUICK, "lr_tf": 1e-5, "grad_contexts": 4096}  # the paper's gd_init lr (QUICK's 0.03: from scratch)
+CARD = card(
+    GdInitConfig,
+    "§5 in practice: the Trained TF initialised at the GD model stays there",
+    smoke=dict(**SMOKE, L=64, lr_tf=1e-5, contrast_lrs=(), grad_contexts=64, grad_groups=4),
+    quick=QUICK_PRESET,
 )

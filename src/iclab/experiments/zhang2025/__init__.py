@@ -4,8 +4,8 @@ Reproduces the paper's Figs 1, 3-9 and 11-14: multi-head linear attention with m
 one abrupt drop, as a two-layer linear MLP on the cubic feature (eq. 6-7); with separate rank-R key and query
 (ATTN_S, eq. S) it learns the principal components of Λ one (or R) at a time, through plateaus at the losses
 L(M_m) of eq. (19) (eq. 26 for the next-token loss), which makes it in-context principal component regression
-(eq. 22). Closed forms come from :mod:`iclab.theory.attention_dynamics`; spec 001 and docs/papers/zhang2025.md hold
-the equations, the hyper-parameter mapping and what does not match.
+(eq. 22). Closed forms come from :mod:`iclab.theory.attention_dynamics`; docs/papers/zhang2025.md holds the
+equations, the hyper-parameter mapping and what does not match.
 
     iclab reproduce zhang2025 --preset quick
 
@@ -14,16 +14,3 @@ One card per figure: ``fig1`` (ATTN_M ≡ MLP), ``fig9`` (its weights), ``fig3``
 ``fig8`` (next-token loss), ``fig5`` (softmax), ``fig14`` (in-context vs in-weight). ``regime="population"`` runs the
 exact population gradient flow, ``regime="full_batch"`` the paper's GD on P fixed sequences (_setup.py).
 """
-
-from iclab.experiments.zhang2025 import fig1 as fig1
-from iclab.experiments.zhang2025 import fig3 as fig3
-from iclab.experiments.zhang2025 import fig4 as fig4
-from iclab.experiments.zhang2025 import fig5 as fig5
-from iclab.experiments.zhang2025 import fig6 as fig6
-from iclab.experiments.zhang2025 import fig7 as fig7
-from iclab.experiments.zhang2025 import fig8 as fig8
-from iclab.experiments.zhang2025 import fig9 as fig9
-from iclab.experiments.zhang2025 import fig11 as fig11
-from iclab.experiments.zhang2025 import fig12 as fig12
-from iclab.experiments.zhang2025 import fig13 as fig13
-from iclab.experiments.zhang2025 import fig14 as fig14

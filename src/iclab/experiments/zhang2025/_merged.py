@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -17,11 +18,8 @@ from iclab.theory import attention_dynamics as ad
 from iclab.training import ModelSpec, TrainConfig, TrainingRun
 
 #: Figs 1 and 9 share these presets (and so one run per preset).
-PRESETS: dict[str, dict[str, object]] = {
-    "smoke": dict(steps=40, train_size=200, lr=0.1, w_init=1e-2, eval_every=2),
-    "quick": dict(steps=1500, train_size=5000, lr=0.1, w_init=1e-3, eval_every=5),
-    "paper": dict(),
-}
+SMOKE: dict[str, object] = dict(steps=40, train_size=200, lr=0.1, w_init=1e-2, eval_every=2)
+QUICK: dict[str, object] = dict(steps=1500, train_size=5000, lr=0.1, w_init=1e-3, eval_every=5)
 INIT_KEY = ("init", "merged")
 
 
@@ -50,7 +48,8 @@ def run_merged(cfg: MergedSetup, ctx: RunContext) -> MergedResults:
     """ATTN_M and the MLP on z = vec(βx_qᵀ), full-batch GD on the same data from the same (mapped) init."""
     Lam = covariance(cfg)
     spec = ModelSpec(MergedAttention, kwargs=dict(d=cfg.d, n_heads=cfg.n_heads, w_init=cfg.w_init), dtype="float64")
-    mlp = spec.build(generator(derive_seed(0, *INIT_KEY))).mlp()  # w_2 = v, W_1[i] = vec(U_i)ᵀ (eq. 6-7)
+    init_model = cast(MergedAttention, spec.build(generator(derive_seed(0, *INIT_KEY))))
+    mlp = init_model.mlp()  # w_2 = v, W_1[i] = vec(U_i)ᵀ (eq. 6-7)
     task = LinearRegression(d=cfg.d, covariance=Lam)
     ep = task.sample(cfg.train_size, cfg.n, generator=generator(derive_seed(0, "train", "merged")), dtype=F64)
     train = full_batch(cfg.train, cfg.train_size)

@@ -5,7 +5,7 @@ Conventions: models carry the paper's 1/N (eq. M, S), the loss is the query MSE 
 t/τ = 2·lr·step. ``regime='population'`` integrates the exact population gradient flow
 (:func:`iclab.training.population.population_flow`); ``regime='full_batch'`` is the paper's plain GD on P fixed
 sequences per seed. The code's hyper-parameters map to this parametrisation as: ATTN_M lr' = N·lr, init ×√N;
-ATTN_S lr' = N^{2/3}·lr, init ×N^{1/3} (spec 001 §6.4), so the code's ATTN_S run (lr 0.02, 10 001 epochs, init
+ATTN_S lr' = N^{2/3}·lr, init ×N^{1/3}, so the code's ATTN_S run (lr 0.02, 10 001 epochs, init
 0.01) is lr 0.2, 10 001 steps, w_init ≈ 0.07 here. Theory overlays (dashed): eq. (19)/(26) plateau levels,
 eq. (10)/(51) white time course, the ODE (21), all from :mod:`iclab.theory.attention_dynamics`.
 """
@@ -131,7 +131,8 @@ def train_batched(
     """
     if cfg.regime == "population":
         inv_n = ad.expected_inv_n(cfg.n) if next_token else 1.0 / cfg.n
-        parts, done = [], 0
+        parts: list[Trajectory] = []
+        done = 0
         while done < train.steps:
             k = min(cfg.chunk, train.steps - done)
             run = TrainingRun(
@@ -152,7 +153,8 @@ def train_batched(
                 break
         return join(parts)
     task = LinearRegression(d=cfg.d, covariance=Lambda)
-    S = (model.kwargs.get("n_seeds") if isinstance(model, ModelSpec) else model.n_seeds) or 1
+    n_seeds: Any = model.kwargs.get("n_seeds") if isinstance(model, ModelSpec) else model.n_seeds
+    S = n_seeds or 1
     eps = [
         task.sample(cfg.train_size, cfg.n, generator=generator(derive_seed(s, "train", tag)), dtype=F64)
         for s in range(S)
@@ -182,9 +184,9 @@ def token_spec(
         d=d,
         n_layers=1,
         n_heads=n_heads,
-        key_query=key_query,  # type: ignore[arg-type]
+        key_query=key_query,  # type: ignore[arg-type]  # a str; LinearTransformerConfig checks it
         rank=1 if key_query == "separate" else None,
-        activation=activation,  # type: ignore[arg-type]
+        activation=activation,  # type: ignore[arg-type]  # a str; LinearTransformerConfig checks it
         sources="all",
         residual=False,
         zero_blocks=zero_blocks,

@@ -1,5 +1,6 @@
-"""Zhang et al. 2025, Fig. 1: linear ATTN_M (eq. M) and the two-layer linear MLP on the cubic feature z = vec(βx_qᵀ)
-(eq. 6-7) trained from the mapped init on the same data have identical loss curves, with one abrupt drop from
+"""Zhang et al. 2025, Fig. 1: linear ATTN_M (eq. M; D = 4, N = 31, H = 8, λ = (.4, .3, .2, .1)) and the two-layer
+linear MLP on the cubic feature z = vec(βx_qᵀ) (eq. 6-7), started at the ATTN_M weights mapped by eq. (6)-(7) and
+trained by full-batch GD on the same P sequences, have identical loss curves, with one abrupt drop from
 L(M_0) = tr Λ to L(M_D) (eq. 19) after a plateau of length ≈ (τ/‖Λ²‖_F) ln(1/w_init) (eq. 54).
 
     iclab run zhang2025.fig1 --preset quick
@@ -11,11 +12,10 @@ Claims:
 - final_loss_is_L_MD: population loss of the final weights = L(M_D) of eq. (19) within 2 % (finite P).
 - plateau_length_eq54: time of the loss midpoint / eq. (54) in [0.75, 1.5].
 
-Time on the 2-core CPU: quick 2-9 s (docs/performance.md, docs/papers/zhang2025.md); paper: all claims pass, within the
-6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 2-9 s; paper under 90 s (all claims pass).
 
-Did not match: eq. (54) is an estimate; with a random, unaligned init the drop comes 15-27 % later, so the claim
-accepts 0.75-1.5× (docs/papers/zhang2025.md, "What does not match").
+What did not match: eq. (54) is an estimate; with a random, unaligned init the drop comes 15-27 % later, so the claim
+accepts 0.75-1.5× (docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from iclab.experiments.registry import ClaimResult, Experiment, check, register
-from iclab.experiments.zhang2025._merged import PRESETS, MergedResults, MergedSetup, merged_drop_time, run_merged
+from iclab.experiments.registry import ClaimResult, card, check
+from iclab.experiments.zhang2025._merged import QUICK, SMOKE, MergedResults, MergedSetup, merged_drop_time, run_merged
 from iclab.experiments.zhang2025._setup import finite
 from iclab.plotting import save, subplots
 from iclab.theory import attention_dynamics as ad
@@ -84,6 +84,7 @@ def claims(results: MergedResults, cfg: Fig1Config) -> list[ClaimResult]:
             expected=float(levels[-1]),
             rtol=cfg.tol.final_rtol,
             detail="population loss of the final weights vs eq. (19) with m = D (finite-P overfitting allowed)",
+            smoke="40 steps: the loss is still on its plateau at tr Λ = 1",
         ),
         check(
             "plateau_length_eq54",
@@ -91,23 +92,15 @@ def claims(results: MergedResults, cfg: Fig1Config) -> list[ClaimResult]:
             lo=1 - cfg.tol.plateau_rtol,
             hi=1 + 2 * cfg.tol.plateau_rtol,
             detail=f"time of the loss midpoint {t_drop:.1f}τ / (τ/‖Λ²‖_F) ln(1/w_init) = {t_th:.1f}τ; random init drops later than aligned init",
+            smoke="40 steps: the drop has not happened yet (measured 1e9/t_eq54)",
         ),
     ]
 
 
-FIG1 = register(
-    Experiment(
-        name="zhang2025.fig1",
-        title="Fig. 1: linear ATTN_M and the 2-layer linear MLP on the cubic feature have identical loss curves",
-        config=Fig1Config,
-        presets=PRESETS,
-        run=run_merged,
-        plot=plot,
-        claims=claims,
-        description="D=4, N=31, H=8, λ=(.4,.3,.2,.1), full-batch GD on P sequences; the MLP starts at the ATTN_M weights mapped by eq. (6)-(7).",
-        smoke_unchecked={
-            "final_loss_is_L_MD": "40 steps: the loss is still on its plateau at tr Λ = 1",
-            "plateau_length_eq54": "40 steps: the drop has not happened yet (measured 1e9/t_eq54)",
-        },
-    )
+run = run_merged
+CARD = card(
+    Fig1Config,
+    "Fig. 1: linear ATTN_M and the 2-layer linear MLP on the cubic feature have identical loss curves",
+    smoke=SMOKE,
+    quick=QUICK,
 )

@@ -1,6 +1,6 @@
-"""Zhang et al. 2025, Fig. 11 (App. D.8): for ATTN_S with rank R = 2, 3, 4 (D = 4, λ = (.4, .3, .2, .1), H = 5) a new
-value weight grows exactly at the drops L(M_m) → L(M_{m+1}) with m a multiple of R, and the conspicuous plateaus
-sit at those m.
+"""Zhang et al. 2025, Fig. 11 (App. D.8): for ATTN_S with rank R = 2, 3, 4 (D = 4, N = 31, λ = (.4, .3, .2, .1),
+H = 5, as Fig. 3b) a new value weight grows exactly at the drops L(M_m) → L(M_{m+1}) with m a multiple of R, and the
+conspicuous plateaus sit at those m. Top: loss of six seeds with eq. (19); bottom: |v_i| of seed 0.
 
     iclab run zhang2025.fig11 --preset quick
 
@@ -12,10 +12,9 @@ Claims:
 - conspicuous_plateaus_at_multiples_of_R: no m = 1..D−1 misclassified (median Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12).
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
-Time on the 2-core CPU: quick 5 s (docs/performance.md, docs/papers/zhang2025.md); paper: all claims pass, within the
-6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 5 s; paper under 90 s (all claims pass).
 
-Did not match: per seed the rank rule has exceptions (a third head growing early makes the m = 4 plateau of R = 2
+What did not match: per seed the rank rule has exceptions (a third head growing early makes the m = 4 plateau of R = 2
 brief in one of six seeds); the claim takes the median over seeds (docs/papers/zhang2025.md).
 """
 
@@ -24,11 +23,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from iclab.experiments.registry import Experiment, register
+from iclab.experiments.registry import card
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
     SMOKE_STAIRS,
-    SMOKE_UNCHECKED_HEADS,
     StaircaseConfig,
     claims_staircase,
     plot_staircase,
@@ -41,20 +39,11 @@ class Fig11Config(StaircaseConfig):
     ranks: tuple[int, ...] = (2, 3, 4)
 
 
-FIG11 = register(
-    Experiment(
-        name="zhang2025.fig11",
-        title="Fig. 11: a new value weight grows exactly at the drops M_m → M_{m+1} with m a multiple of R",
-        config=Fig11Config,
-        presets={
-            "smoke": dict(SMOKE_STAIRS, ranks=(2,)),
-            "quick": dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4),
-            "paper": dict(),
-        },
-        run=run_staircase,
-        plot=functools.partial(plot_staircase, name="fig11"),
-        claims=claims_staircase,
-        description="D=4, N=31, H=5, λ=(.4,.3,.2,.1) (as Fig. 3b); top: loss of six seeds with eq. (19); bottom: |v_i| of seed 0.",
-        smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),
-    )
+run, plot, claims = run_staircase, functools.partial(plot_staircase, name="fig11"), claims_staircase
+QUICK = dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4)
+CARD = card(
+    Fig11Config,
+    "Fig. 11: a new value weight grows exactly at the drops M_m → M_{m+1} with m a multiple of R",
+    smoke=dict(SMOKE_STAIRS, ranks=(2,)),
+    quick=QUICK,
 )

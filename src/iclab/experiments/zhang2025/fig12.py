@@ -1,5 +1,5 @@
-"""Zhang et al. 2025, Fig. 12 (App. D.8): as Fig. 4 for ranks R = 3, 5, 6, 7: ATTN_S (D = 8, λ_d ∝ 1/d, H = 9) has
-conspicuous plateaus only at L(M_m) with m a multiple of R.
+"""Zhang et al. 2025, Fig. 12 (App. D.8): as Fig. 4 for ranks R = 3, 5, 6, 7: ATTN_S (D = 8, N = 31, λ_d ∝ 1/d with
+trace 1, H = 9) has conspicuous plateaus only at L(M_m) with m a multiple of R; dashed: eq. (19).
 
     iclab run zhang2025.fig12 --preset quick
 
@@ -11,12 +11,11 @@ Claims:
 - conspicuous_plateaus_at_multiples_of_R: no m = 1..D−1 misclassified (median Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12).
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
-Time on the 2-core CPU: quick 8-11 s (docs/performance.md, docs/papers/zhang2025.md); paper (120 001 steps, t/τ = 48 000)
-168 s, 5/5 (in `make verify-paper`). At the earlier 20 001 steps (8000 τ) 1/5 passed: the last drops had not
-happened, diagnosis (a), the preset's budget, fixed (docs/papers/zhang2025.md).
+Time on 2 CPU cores: quick 8-11 s; paper (120 001 steps, t/τ = 48 000) 168 s, 5/5. At 20 001 steps (8000 τ) the last
+drops have not happened (1/5).
 
-Did not match: plateau levels within 4.4e-3 only at quick (R = 7 passes M_7 while its 7th pair is still growing); see
-Fig. 4 and docs/papers/zhang2025.md.
+What did not match: plateau levels within 4.4e-3 only at quick (R = 7 passes M_7 while its 7th pair is still
+growing); see Fig. 4 and docs/papers/zhang2025.md.
 """
 
 from __future__ import annotations
@@ -24,11 +23,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from iclab.experiments.registry import Experiment, register
+from iclab.experiments.registry import card
 from iclab.experiments.zhang2025._staircase import (
     QUICK_D8,
     SMOKE_STAIRS,
-    SMOKE_UNCHECKED_HEADS,
     StaircaseD8Config,
     claims_staircase,
     plot_staircase,
@@ -41,20 +39,5 @@ class Fig12Config(StaircaseD8Config):
     ranks: tuple[int, ...] = (3, 5, 6, 7)
 
 
-FIG12 = register(
-    Experiment(
-        name="zhang2025.fig12",
-        title="Fig. 12: as Fig. 4 for R = 3, 5, 6, 7",
-        config=Fig12Config,
-        presets={
-            "smoke": dict(SMOKE_STAIRS, ranks=(3,)),
-            "quick": dict(QUICK_D8),
-            "paper": dict(),
-        },
-        run=run_staircase,
-        plot=functools.partial(plot_staircase, name="fig12"),
-        claims=claims_staircase,
-        description="D=8, N=31, H=9, λ_d ∝ 1/d (trace 1); dashed: eq. (19).",
-        smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),
-    )
-)
+run, plot, claims = run_staircase, functools.partial(plot_staircase, name="fig12"), claims_staircase
+CARD = card(Fig12Config, "Fig. 12: as Fig. 4 for R = 3, 5, 6, 7", smoke=dict(SMOKE_STAIRS, ranks=(3,)), quick=QUICK_D8)

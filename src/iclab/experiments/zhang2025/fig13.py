@@ -1,6 +1,6 @@
 """Zhang et al. 2025, Fig. 13 (App. D.8): with repeated eigenvalues λ = (.35, .35, .15, .15) ATTN_S of rank R = 1..4
-still plateaus at the levels of eq. (19); a plateau between equal eigenvalues (L(M_1) for R = 1) may be skipped,
-depending on the random init.
+(D = 4, N = 31, H = 5, six seeds per rank) still plateaus at the levels of eq. (19) (dashed); a plateau between equal
+eigenvalues (L(M_1) for R = 1) may be skipped, depending on the random init.
 
     iclab run zhang2025.fig13 --preset quick
 
@@ -10,11 +10,10 @@ Claims:
 - final_loss_is_L_MD: max over ranks and seeds of |L(end) − L(M_D)| <= 1e-6 (quick; 0.01 paper).
 - R1_can_plateau_between_equal_eigenvalues: some R = 1 seed plateaus at L(M_1) although λ_1 = λ_2 (share > 0).
 
-Time on the 2-core CPU: quick 6-10 s (docs/performance.md, docs/papers/zhang2025.md); paper: all claims pass, within
-the 6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 6-10 s; paper under 90 s (all claims pass).
 
-Did not match: nothing at quick (R = 1 plateaus at L(M_1) in 5 of 6 seeds; levels within 1.1e-4);
-docs/papers/zhang2025.md.
+What did not match: nothing at quick (R = 1 plateaus at L(M_1) in 5 of 6 seeds; levels within 1.1e-4;
+docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
@@ -22,11 +21,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from iclab.experiments.registry import ClaimResult, Experiment, check, register
+from iclab.experiments.registry import ClaimResult, card, check
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
     SMOKE_STAIRS,
-    SMOKE_UNCHECKED,
     StaircaseConfig,
     StaircaseResults,
     claims_staircase,
@@ -57,28 +55,17 @@ def claims(results: StaircaseResults, cfg: Fig13Config) -> list[ClaimResult]:
                 share,
                 lo=1e-9,
                 detail="share of R = 1 seeds with a plateau at L(M_1) although λ_1 = λ_2 (set by the random init; may be skipped)",
+                smoke="200 steps: the R = 1 seed has not reached L(M_1) yet",
             )
         )
     return out
 
 
-FIG13 = register(
-    Experiment(
-        name="zhang2025.fig13",
-        title="Fig. 13: repeated eigenvalues (.35,.35,.15,.15): plateaus still at eq. (19) levels, some skipped",
-        config=Fig13Config,
-        presets={
-            "smoke": dict(SMOKE_STAIRS, ranks=(1,)),
-            "quick": dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4),
-            "paper": dict(),
-        },
-        run=run_staircase,
-        plot=functools.partial(plot_staircase, name="fig13"),
-        claims=claims,
-        description="D=4, N=31, H=5, six seeds per rank R = 1..4; dashed: eq. (19).",
-        smoke_unchecked={
-            **SMOKE_UNCHECKED,
-            "R1_can_plateau_between_equal_eigenvalues": "200 steps: the R = 1 seed has not reached L(M_1) yet",
-        },
-    )
+run, plot = run_staircase, functools.partial(plot_staircase, name="fig13")
+QUICK = dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4)
+CARD = card(
+    Fig13Config,
+    "Fig. 13: repeated eigenvalues (.35,.35,.15,.15): plateaus still at eq. (19) levels, some skipped",
+    smoke=dict(SMOKE_STAIRS, ranks=(1,)),
+    quick=QUICK,
 )

@@ -1,7 +1,8 @@
 """Zhang et al. 2025, Fig. 14 (App. E, eq. 91): in-context vs in-weight learning. A full-token linear ATTN_M without
-the zero-block constraint is trained on mixtures in which a fraction of the sequences share one fixed task vector
-w_fix. Pure ICL (fraction 0) reaches L(M_D) and learns nothing in weight; the in-weight (IWL) test loss right after
-the first drop falls as the fixed fraction grows.
+the zero-block constraint (D = 4, N = 31, H = 8, Λ = I/D) is trained by full-batch GD on mixtures in which a fraction
+of the sequences share one fixed task vector w_fix. Pure ICL (fraction 0) reaches L(M_D) and learns nothing in weight;
+the in-weight (IWL) test loss right after the first drop falls as the fixed fraction grows. ICL test: fresh
+w ~ N(0, I); IWL test: w = w_fix with noise context labels.
 
     iclab run zhang2025.fig14 --preset quick
 
@@ -12,24 +13,25 @@ Claims:
 - iwl_after_first_drop_falls_with_fixed_fraction: the min over time of the IWL test loss decreases with every larger
   fixed fraction.
 
-Time on the 2-core CPU: quick 7-36 s (docs/performance.md, docs/papers/zhang2025.md); paper: all claims pass, within
-the 6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 7-36 s; paper under 90 s (all claims pass).
 
-Did not match: the paper's training-loss statement ("lower right after the first drop when the fixed portion is
+What did not match: the paper's training-loss statement ("lower right after the first drop when the fixed portion is
 larger") fails at fraction 0, whose first drop goes straight to the ICL solution; only the IWL test-loss dip is
-checked. Quick trains on 1000 prompts for 200 τ (docs/papers/zhang2025.md, "What does not match").
+checked. Quick trains on 1000 prompts for 200 τ (docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor
 
+from iclab.core.learner import Learner
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.zhang2025._setup import F64, Setup, covariance, full_batch, monotone_share, sgd, token_spec
 from iclab.plotting import save, subplots
 from iclab.tasks.linear_regression_mixture import InWeightMixture, fixed_weight
@@ -103,12 +105,14 @@ def run(cfg: Fig14Config, ctx: RunContext) -> Fig14Results:
         tr, model = res.trajectory, res.model
         assert tr is not None and tr.train_loss is not None
         tests: dict[str, list[Tensor]] = {"icl": [], "iwl": []}
+        learner = cast(Learner, model)
+        assert icl.y_query is not None and iwl.y_query is not None
         with torch.no_grad():
             for i in range(tr.steps.numel()):
                 for name, p in model.named_parameters():
                     p.copy_(tr.params[name][i])
-                tests["icl"].append((model.predict(icl) - icl.y_query).pow(2).mean())
-                tests["iwl"].append((model.predict(iwl) - iwl.y_query).pow(2).mean())
+                tests["icl"].append((learner.predict(icl) - icl.y_query).pow(2).mean())
+                tests["iwl"].append((learner.predict(iwl) - iwl.y_query).pow(2).mean())
         rows.append(
             MixtureRow(
                 fraction=f,
@@ -148,6 +152,7 @@ def claims(results: Fig14Results, cfg: Fig14Config) -> list[ClaimResult]:
             expected=L_icl,
             rtol=cfg.tol.icl_rtol,
             detail="fixed fraction 0: ICL test loss vs the ICL-only optimum L(M_D) (Λ = I/D)",
+            smoke="10 full-batch steps: fraction 0 is still on its plateau at tr Λ = 1",
         ),
         check(
             "pure_icl_learns_nothing_in_weight",
@@ -165,30 +170,11 @@ def claims(results: Fig14Results, cfg: Fig14Config) -> list[ClaimResult]:
     ]
 
 
-FIG14 = register(
-    Experiment(
-        name="zhang2025.fig14",
-        title="Fig. 14: in-context vs in-weight learning when a fraction of the task vectors is fixed",
-        config=Fig14Config,
-        presets={
-            "smoke": dict(fixed_fractions=(0.0, 0.5), steps=10, train_size=50, test_size=50, eval_every=2),
-            "quick": dict(
-                fixed_fractions=(0.0, 0.3, 0.6, 0.9),
-                train_size=1000,
-                test_size=2000,
-                lr=0.1,
-                steps=1000,
-                eval_every=20,
-            ),
-            "paper": dict(),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="D=4, N=31, H=8, Λ=I/D, full-token linear ATTN_M without the zero-block constraint (eq. 91), full-batch GD. "
-        "ICL test: fresh w ~ N(0, I); IWL test: w = w_fix with noise context labels.",
-        smoke_unchecked={
-            "pure_icl_reaches_L_MD": "10 full-batch steps: fraction 0 is still on its plateau at tr Λ = 1",
-        },
-    )
+SMOKE = dict(fixed_fractions=(0.0, 0.5), steps=10, train_size=50, test_size=50, eval_every=2)
+QUICK = dict(fixed_fractions=(0.0, 0.3, 0.6, 0.9), train_size=1000, test_size=2000, lr=0.1, steps=1000, eval_every=20)
+CARD = card(
+    Fig14Config,
+    "Fig. 14: in-context vs in-weight learning when a fraction of the task vectors is fixed",
+    smoke=SMOKE,
+    quick=QUICK,
 )

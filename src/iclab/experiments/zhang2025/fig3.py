@@ -1,7 +1,9 @@
-"""Zhang et al. 2025, Fig. 3 (Sec. 4.2, App. D.8): ATTN_S with rank-one key and query learns the eigenvectors of Λ one
-at a time. The loss falls through D plateaus at the levels L(M_m) of eq. (19); head m's key aligns with e_m (Fig.
-3c); its value weight rises as the ODE (21) to v* = (λ_m/a_m)^{1/3} (eq. 20a); ‖k_i‖² − ‖q_i‖² and ‖k_i‖² − v_i²
-are conserved (eq. 83); later drops vary more over seeds (eq. 77).
+"""Zhang et al. 2025, Fig. 3 (Sec. 4.2, App. D.8): ATTN_S with rank-one key and query (D = 4, N = 31, H = 5,
+λ = (.4, .3, .2, .1), six seeds) learns the eigenvectors of Λ one at a time. The loss falls through D plateaus at the
+levels L(M_m) of eq. (19) (a); head m's key aligns with e_m (c: keys in the eigenbasis, k_i·e_d, in the middle of each
+plateau); its value weight rises as the ODE (21) to v* = (λ_m/a_m)^{1/3} (eq. 20a; b: seed 0, the ODE pinned at each
+head's 50 % time, dashed); ‖k_i‖² − ‖q_i‖² and ‖k_i‖² − v_i² are conserved (eq. 83); later drops vary more over seeds
+(eq. 77).
 
     iclab run zhang2025.fig3 --preset quick
 
@@ -18,13 +20,11 @@ Claims:
 - conservation_law_eq83: drift of ‖k_i‖² − ‖q_i‖², ‖k_i‖² − v_i² relative to max v_i² <= 1e-3.
 - later_drops_vary_more: std over seeds of t_D / std of t_1 >= 1.
 
-Time on the 2-core CPU: quick 9-23 s (docs/performance.md, docs/papers/zhang2025.md); paper (full-batch GD on
-P = 80 000, 60 001 steps, t/τ = 24 000) 24 s, 10/10 claims. At 20 001 steps (t/τ = 8000, the authors' README budget
-of 10 001 epochs is t/τ ≈ 3950) one of six seeds still sat on the third plateau: 7/10 (issue 20, docs/papers/zhang2025.md).
+Time on 2 CPU cores: quick 9-23 s; paper (full-batch GD on P = 80 000, 60 001 steps, t/τ = 24 000) 24 s, 10/10.
 
-Did not match: the ODE (21) holds for the last drop only; during the first drops several heads grow along the same
-eigenvector, so the leading head rises 5-20 % slower (worst 2.9× at 10→90 %): the median over heads is checked at
-10 %, not the spec's 5 % for every head (docs/papers/zhang2025.md, "What does not match").
+What did not match: the ODE (21) holds for the last drop only; during the first drops several heads grow along the
+same eigenvector, so the leading head rises 5-20 % slower (worst 2.9× at 10→90 %): the median over heads is checked
+at 10 % (docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from iclab.experiments.registry import ClaimResult, Experiment, check, register
+from iclab.experiments.registry import ClaimResult, card, check
 from iclab.experiments.zhang2025._setup import F64, Curves, Setup, finite, loss_panel, sgd
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
     SMOKE_STAIRS,
-    SMOKE_UNCHECKED,
     StaircaseConfig,
     StaircaseResults,
     StaircaseTolerances,
@@ -67,7 +66,7 @@ class Fig3Config(StaircaseConfig):
     keep_keys: bool = True
     claim_rank_rule: bool = False
     claim_heads: bool = False
-    # the paper gives no step count; six runs that all finish the D drops need 60 001 steps here (issue 20)
+    # the paper gives no step count; at 20 001 steps (8000 τ) one of six seeds still sits on the third plateau
     train: TrainConfig = field(default_factory=lambda: sgd(lr=0.2, steps=60_001))
     tol: Fig3Tolerances = field(default_factory=Fig3Tolerances)
 
@@ -100,25 +99,12 @@ def learned_heads(run: Curves, Lam: Tensor, cfg: Setup, seed: int) -> list[Learn
     out = []
     for h in range(v.shape[-1]):
         d_ = int(align[h].argmax())
-        vs = ad.value_fixed_point(float(lam[d_]), float(a[d_]))
+        lam_d, a_d = float(lam[d_]), float(a[d_])
+        vs = ad.value_fixed_point(lam_d, a_d)
         if v[-1, h] < 0.5 * vs:
             continue
         cross = ad.crossing_times(t, -v[:, h], -torch.tensor([0.1, 0.25, 0.5, 0.9], dtype=F64) * vs)
-        out.append(
-            LearnedHead(
-                head=h,
-                eig=d_,
-                align=float(align[h, d_]),
-                v=float(v[-1, h]),
-                vstar=vs,
-                lam=float(lam[d_]),
-                a=float(a[d_]),
-                t10=float(cross[0]),
-                t25=float(cross[1]),
-                t50=float(cross[2]),
-                t90=float(cross[3]),
-            )
-        )
+        out.append(LearnedHead(h, d_, float(align[h, d_]), float(v[-1, h]), vs, lam_d, a_d, *map(float, cross)))
     return sorted(out, key=lambda e: finite(e.t50))
 
 
@@ -182,18 +168,21 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
             ordered / S,
             lo=1.0,
             detail="share of seeds whose heads, in the order their v_i grew, align with e_1, e_2, …, e_D",
+            smoke="200 steps: no head has learned an eigenvector yet",
         ),
         check(
             "keys_align_with_eigenvectors",
             min(aligns) if aligns else 0.0,
             lo=tol.align_lo,
             detail="min over learned heads of |cos(k_i, e_m)| at the end (Fig. 3c)",
+            smoke="200 steps: no head has grown, so no key is measured (0)",
         ),
         check(
             "value_weights_reach_eq20a",
             max(v_err) if v_err else 1e9,
             hi=tol.value_rtol,
             detail="max |v_i / (λ_m/a_m)^{1/3} − 1| at the end",
+            smoke="200 steps: no value weight has grown yet",
         ),
         check(
             "rise_time_matches_ode21_last_drop",
@@ -201,6 +190,7 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
             hi=tol.rise_rtol,
             detail=f"max over seeds of |25→90 % rise time of the head learning e_D / that of eq. (21) − 1| ({len(rise_last)} "
             "heads; below 25 % the random, unaligned part of the init still counts in |v_i|)",
+            smoke="200 steps: the last drop has not happened",
         ),
         check(
             "rise_time_matches_ode21_median",
@@ -208,48 +198,30 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
             hi=2 * tol.rise_rtol,
             detail=f"median over {len(rise_err)} learned heads (max {max(rise_err, default=0):.2f}): earlier drops run "
             "slower than the ODE while other heads still share the direction (the ansatz (20) sets them to 0)",
+            smoke="200 steps: no value weight has risen yet",
         ),
         check(
             "conservation_law_eq83",
             drift,
             hi=tol.conservation_hi,
             detail="max |Q(t) − Q(0)| / max v_i² for Q = ‖k_i‖² − ‖q_i‖², ‖k_i‖² − v_i²",
+            smoke="lr 0.5 for 200 steps: the Euler drift is 3e-3 of the still tiny max v_i²",
         ),
         check(
             "later_drops_vary_more",
             float(sd[-1] / sd[0].clamp_min(1e-12)),
             lo=1.0,
             detail=f"std over seeds of t_D / std of t_1 (eq. 77); std(t_m) = {[round(x, 1) for x in sd.tolist()]}",
+            smoke="200 steps: no drop has happened yet",
         ),
     ]
     return out
 
 
-FIG3 = register(
-    Experiment(
-        name="zhang2025.fig3",
-        title="Fig. 3: ATTN_S rank one learns the eigenvectors of Λ one at a time: D drops at the eq. (19) levels",
-        config=Fig3Config,
-        presets={
-            "smoke": dict(SMOKE_STAIRS),
-            "quick": dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=10),
-            "paper": dict(),
-        },
-        run=run_staircase,
-        plot=plot,
-        claims=claims,
-        description="D=4, N=31, H=5, λ=(.4,.3,.2,.1), six seeds. (a) loss with eq. (19); (b) |v_i| of seed 0 with "
-        "the ODE (21) pinned at each head's 50 % time (dashed); (c) keys in the eigenbasis, k_i·e_d, in the middle "
-        "of each plateau.",
-        smoke_unchecked={
-            **SMOKE_UNCHECKED,
-            "eigenvectors_learned_in_descending_order": "200 steps: no head has learned an eigenvector yet",
-            "keys_align_with_eigenvectors": "200 steps: no head has grown, so no key is measured (0)",
-            "value_weights_reach_eq20a": "200 steps: no value weight has grown yet",
-            "rise_time_matches_ode21_last_drop": "200 steps: the last drop has not happened",
-            "rise_time_matches_ode21_median": "200 steps: no value weight has risen yet",
-            "conservation_law_eq83": "lr 0.5 for 200 steps: the Euler drift is 3e-3 of the still tiny max v_i²",
-            "later_drops_vary_more": "200 steps: no drop has happened yet",
-        },
-    )
+run = run_staircase
+CARD = card(
+    Fig3Config,
+    "Fig. 3: ATTN_S rank one learns the eigenvectors of Λ one at a time: D drops at the eq. (19) levels",
+    smoke=SMOKE_STAIRS,
+    quick=dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=10),
 )

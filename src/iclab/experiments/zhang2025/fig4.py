@@ -1,6 +1,8 @@
-"""Zhang et al. 2025, Fig. 4 (Sec. 4.3): ATTN_S with rank-R key and query (D = 8, λ_d ∝ 1/d, H = 9) has conspicuous
-plateaus only at L(M_m) with m a multiple of R; the other saddles are passed quickly, a new value weight growing
-at each conspicuous drop. Fig. 12 repeats it for R = 3, 5, 6, 7 (``zhang2025.fig12``).
+"""Zhang et al. 2025, Fig. 4 (Sec. 4.3): ATTN_S with rank-R key and query (D = 8, N = 31, λ_d ∝ 1/d with trace 1,
+H = 9) has conspicuous plateaus only at L(M_m) with m a multiple of R; the other saddles are passed quickly, a new value
+weight growing at each conspicuous drop (bottom: |v_i| of seed 0; dashed: eq. (19)). A plateau m is conspicuous when
+its duration, in units of 1/λ_{m+1}², is ≥ 12 % of the first one's (median over seeds). Fig. 12 repeats it for
+R = 3, 5, 6, 7 (``zhang2025.fig12``).
 
     iclab run zhang2025.fig4 --preset quick
 
@@ -13,14 +15,11 @@ Claims:
   seeds of Δ_m λ_{m+1}² / (Δ_0 λ_1²) >= 0.12.
 - new_value_weight_per_conspicuous_plateau: share of (rank, seed, m) with exactly ⌈m/R⌉ grown value weights >= 0.8.
 
-Time on the 2-core CPU: quick 10-14 s (docs/performance.md, docs/papers/zhang2025.md); paper 360 001 steps (t/τ =
-144 000), 14 min one thread, 5/5. R = 1's last drop comes at 5.0-9.0·10⁴ τ (six seeds; R = 8's at ≈ 2·10³ τ): the
-m-th escape time grows as 1/(λ_m² v_m), and the smallest of λ_d ∝ 1/d at D = 8 is 1/8 of the largest. At 120 001
-steps (48 000 τ, Fig. 12's budget) R = 1 finished 6 of 8 drops (2/5). The authors' released budgets (20 001 or
-50 001 epochs, ≈ 7 900 or 19 750 τ) cannot show R = 1's eight plateaus at their own init: docs/errata.md.
+Time on 2 CPU cores: quick 10-14 s; paper (360 001 steps, t/τ = 144 000) 14 min on one thread, 5/5.
 
-Did not match: "conspicuous" needs a definition (the spec's "≥ 10 % of the longest plateau" fails for R = 1); at
-D = 8 the O(w_init³) gap of the plateau levels needs level_atol 5e-3 at quick's w_init 0.1 (docs/papers/zhang2025.md).
+What did not match: "conspicuous" needs a definition; the authors' released budgets (≈ 7 900 or 19 750 τ) cannot show
+R = 1's eight plateaus (its last drop comes at 5.0-9.0·10⁴ τ); at quick's w_init 0.1 the O(w_init³) gap of the
+plateau levels needs level_atol 5e-3 (docs/papers/zhang2025.md, docs/errata.md).
 """
 
 from __future__ import annotations
@@ -28,12 +27,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from iclab.experiments.registry import Experiment, register
+from iclab.experiments.registry import card
 from iclab.experiments.zhang2025._setup import sgd
 from iclab.experiments.zhang2025._staircase import (
     QUICK_D8,
     SMOKE_STAIRS,
-    SMOKE_UNCHECKED_HEADS,
     StaircaseD8Config,
     claims_staircase,
     plot_staircase,
@@ -45,25 +43,15 @@ from iclab.training import TrainConfig
 @dataclass(frozen=True, kw_only=True)
 class Fig4Config(StaircaseD8Config):
     ranks: tuple[int, ...] = (1, 2, 4, 8)
-    # R = 1's eighth drop comes at up to 9.0e4 τ (measured, 6 seeds); 360 001 steps are 144 000 τ (issue 20)
+    # R = 1's eighth drop comes at up to 9.0e4 τ (measured, 6 seeds): the m-th escape time grows as 1/(λ_m² v_m);
+    # 360 001 steps are 144 000 τ
     train: TrainConfig = field(default_factory=lambda: sgd(lr=0.2, steps=360_001))
 
 
-FIG4 = register(
-    Experiment(
-        name="zhang2025.fig4",
-        title="Fig. 4: rank-R ATTN_S (D=8) has conspicuous plateaus only at L(M_m) with m a multiple of R",
-        config=Fig4Config,
-        presets={
-            "smoke": dict(SMOKE_STAIRS, ranks=(1, 4)),
-            "quick": dict(QUICK_D8),
-            "paper": dict(),
-        },
-        run=run_staircase,
-        plot=functools.partial(plot_staircase, name="fig4"),
-        claims=claims_staircase,
-        description="D=8, N=31, H=9, λ_d ∝ 1/d (trace 1); dashed: eq. (19). Bottom: |v_i| of seed 0. A plateau m is "
-        "conspicuous when its duration, in units of 1/λ_{m+1}², is ≥ 12 % of the first one's (median over seeds).",
-        smoke_unchecked=dict(SMOKE_UNCHECKED_HEADS),
-    )
+run, plot, claims = run_staircase, functools.partial(plot_staircase, name="fig4"), claims_staircase
+CARD = card(
+    Fig4Config,
+    "Fig. 4: rank-R ATTN_S (D=8) has conspicuous plateaus only at L(M_m) with m a multiple of R",
+    smoke=dict(SMOKE_STAIRS, ranks=(1, 4)),
+    quick=QUICK_D8,
 )

@@ -1,5 +1,7 @@
 """Zhang et al. 2025, Fig. 5 (Sec. 5): with softmax scores the contrast of the linear models remains: softmax ATTN_M
-(merged key-query) has one abrupt drop, softmax ATTN_S (separate rank-one key and query) several.
+(merged key-query) has one abrupt drop, softmax ATTN_S (separate rank-one key and query) several. D = 4, N = 31,
+λ = (.4, .3, .2, .1); full-token softmax attention (raw scores, query among the keys, no residual) with the zero-block
+init; full-batch GD on the training loss (the code's hyper-parameters: softmax has no 1/N to map).
 
     iclab run zhang2025.fig5 --preset quick
 
@@ -10,16 +12,12 @@ Claims:
 - softmax_merged_one_drop: every seed's softmax ATTN_M training loss drops exactly once.
 - softmax_separate_several_drops: every seed's softmax ATTN_S training loss drops at least twice.
 
-Time on the 2-core CPU: quick 3-20 s (docs/performance.md, docs/papers/zhang2025.md). Paper: the query row runs as
-C (``models/_query_attn.c``, session 13); 6 seeds × 100 001 steps of ATTN_M (P = 5000) and of ATTN_S (P = 80 000):
-≈ 14 core-hours projected, the longest run ≈ 2.2 h: for Ray workers or a GPU. Run in session 13: at Figs 1 and 3's
-own epochs (6001 / 10 001, P as here) neither model leaves its first plateau (1/3 claims: 47 min with
-``--workers 2``), which is why the preset trains 10-16× longer; one seed at P = 1000 / 2000 with 60 001 / 100 001
-steps passes 3/3 (the ATTN_S staircase reaches L(M_D) at ≈ 10⁵ steps).
+Time on 2 CPU cores: quick 3-20 s; paper ≈ 14 core-hours projected (6 seeds × 100 001 steps per model; the longest
+run ≈ 2.2 h: for Ray workers or a GPU). One seed at P = 1000 / 2000 with 60 001 / 100 001 steps passes 3/3.
 
-Did not match: quick trains one seed per model on 100 prompts at larger learning rates; the paper states Fig. 5's
-data and models ("the same as Figs 1 and 3") but not its epochs, and at those figures' epochs the softmax models do
-not train (docs/papers/zhang2025.md, "What does not match").
+What did not match: the paper states Fig. 5's data and models ("the same as Figs 1 and 3") but not its epochs, and at
+those figures' epochs (6001 / 10 001) neither softmax model leaves its first plateau: the paper preset trains 10-16×
+longer; quick trains one seed per model on 100 prompts at larger learning rates (docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ import torch
 from torch import Tensor
 
 from iclab.core.seeding import derive_seed, generator
-from iclab.experiments.registry import ClaimResult, Experiment, RunContext, check, register
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.zhang2025._setup import F64, Setup, covariance, full_batch, loss_panel, sgd, token_spec
 from iclab.plotting import save, subplots
 from iclab.tasks.linear_regression import LinearRegression
@@ -45,8 +43,8 @@ class Fig5Config(Setup):
     """Softmax scores (raw, ρ = 1, softmax over all N+1 tokens), the code's per-entry init std; ``train`` trains
     ATTN_S on ``train_size`` sequences, ATTN_M takes ``merged_train_size``, ``merged_lr`` and ``merged_steps`` instead.
     The paper's Fig. 5 is "the same as Figs 1 and 3 except softmax": ATTN_M as Fig. 1 (the README command: P = 5000,
-    H = 8, init 1e-6, lr 1e-3, 6001 epochs), ATTN_S as Fig. 3 (P = 80 000, H = 5, init 0.01, lr 0.02, 10 001 epochs;
-    spec 001 §6 rows 1, 3, 5)."""
+    H = 8, init 1e-6, lr 1e-3, 6001 epochs), ATTN_S as Fig. 3 (P = 80 000, H = 5, init 0.01, lr 0.02, 10 001
+    epochs)."""
 
     train_size: int = 5000
     merged_train_size: int = 5000
@@ -101,7 +99,8 @@ def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
 
 def _curves(results: list[TrainResult]) -> SoftmaxCurves:
     """The seeds' training-loss curves of one model (their trajectories share the recorded steps)."""
-    steps, losses = None, []
+    steps: Tensor | None = None
+    losses: list[Tensor] = []
     for res in results:
         tr = res.trajectory
         assert tr is not None and tr.train_loss is not None
@@ -140,6 +139,7 @@ def claims(results: Fig5Results, cfg: Fig5Config) -> list[ClaimResult]:
             min(min(v) for v in fall.values()),
             lo=FALL,
             detail=f"(L(0) − L(end)) / (L(0) − linear L(M_D) = {level:.3f}) per seed: {shown}",
+            smoke="6 GD steps: the losses have not started to fall",
         ),
         check("softmax_merged_one_drop", max(dm), expected=1, atol=0, detail=f"abrupt drops per seed: {dm}"),
         check(
@@ -147,43 +147,22 @@ def claims(results: Fig5Results, cfg: Fig5Config) -> list[ClaimResult]:
             min(ds),
             lo=2,
             detail=f"abrupt drops per seed: {ds} (no theory levels for softmax)",
+            smoke="6 GD steps: at most one drop can show; the staircase needs hundreds",
         ),
     ]
 
 
-FIG5 = register(
-    Experiment(
-        name="zhang2025.fig5",
-        title="Fig. 5: softmax ATTN_M has one abrupt drop, softmax ATTN_S several",
-        config=Fig5Config,
-        presets={
-            "smoke": dict(seeds=1, train_size=20, merged_train_size=20, merged_steps=6, steps=6, eval_every=1),
-            # quick: the softmax layer forms every (n+1)² score: ~0.1 s per step at P=150, so one seed each
-            "quick": dict(
-                seeds=1,
-                train_size=100,
-                merged_train_size=100,
-                merged_init=1e-6,
-                merged_lr=0.2,
-                merged_steps=300,
-                init_std=0.01,
-                lr=0.3,
-                steps=700,
-                eval_every=5,
-            ),
-            # Fig. 1's P for ATTN_M, Fig. 3's for ATTN_S (the paper: "same as Figs 1 and 3 except softmax"); 10-16× their
-            # epochs: at a small init softmax scores are a uniform average plus 1/(N+1) times the linear scores, and at
-            # Figs 1/3's 6001/10 001 epochs neither model leaves its first plateau (session 13; docs/papers/zhang2025.md)
-            "paper": dict(train_size=80_000, merged_train_size=5000, merged_steps=100_001, steps=100_001),
-        },
-        run=run,
-        plot=plot,
-        claims=claims,
-        description="D=4, N=31, λ=(.4,.3,.2,.1); full-token softmax attention (raw scores, query among the keys, no residual) "
-        "with the zero-block init; full-batch GD on the training loss (the code's hyper-parameters: softmax has no 1/N to map).",
-        smoke_unchecked={
-            "softmax_separate_several_drops": "6 GD steps: at most one drop can show; the staircase needs hundreds",
-            "softmax_losses_fall": "6 GD steps: the losses have not started to fall",
-        },
-    )
+SMOKE = dict(seeds=1, train_size=20, merged_train_size=20, merged_steps=6, steps=6, eval_every=1)
+# the softmax layer forms every (n+1)² score: ~0.1 s per step at P = 150, so quick trains one seed each
+QUICK = dict(seeds=1, train_size=100, merged_train_size=100, merged_init=1e-6, merged_lr=0.2, merged_steps=300)
+QUICK.update(init_std=0.01, lr=0.3, steps=700, eval_every=5)
+# Fig. 1's P for ATTN_M, Fig. 3's for ATTN_S, and 10-16× their epochs: at a small init softmax scores are a uniform
+# average plus 1/(N+1) times the linear scores, and at 6001 / 10 001 epochs neither model leaves its first plateau
+PAPER = dict(train_size=80_000, merged_train_size=5000, merged_steps=100_001, steps=100_001)
+CARD = card(
+    Fig5Config,
+    "Fig. 5: softmax ATTN_M has one abrupt drop, softmax ATTN_S several",
+    smoke=SMOKE,
+    quick=QUICK,
+    paper=PAPER,
 )

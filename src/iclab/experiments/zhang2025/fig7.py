@@ -1,5 +1,6 @@
-"""Zhang et al. 2025, Fig. 7 (App. D.9): with high-dimensional data (D = 8, N = 127, λ_d ∝ 1/d) the contrast of Fig. 2
-holds: ATTN_M drops once to L(M_D), ATTN_S of rank one steps down a staircase whose plateaus sit at eq. (19).
+"""Zhang et al. 2025, Fig. 7 (App. D.9): with high-dimensional data (D = 8, N = 127, λ_d ∝ 1/d with trace 1) the
+contrast of Fig. 2 holds: ATTN_M drops once to L(M_D), ATTN_S of rank one steps down a staircase whose plateaus sit
+at eq. (19). Full-batch GD on P sequences; the training loss is plotted, dashed: eq. (19) at N = 127.
 
     iclab run zhang2025.fig7 --preset quick
 
@@ -10,10 +11,9 @@ Claims:
 - separate_plateau_levels: max |L − L(M_m)| over the ATTN_S plateaus <= 0.01 (finite P).
 - separate_several_drops: every ATTN_S seed completes at least 2 drops.
 
-Time on the 2-core CPU: quick 6 s (docs/performance.md, docs/papers/zhang2025.md); paper: all claims pass, within the
-6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 6 s; paper under 90 s (all claims pass).
 
-Did not match: the paper's D, H and R for this figure are not in the text (D = 8, H = 8, R = 1 here); quick runs
+What did not match: the paper's D, H and R for this figure are not in the text (D = 8, H = 8, R = 1 here); quick runs
 40 000 τ, 6-7 of the 8 drops (docs/papers/zhang2025.md).
 """
 
@@ -22,10 +22,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from iclab.experiments.registry import ClaimResult, Experiment, register
+from iclab.experiments.registry import ClaimResult, card
 from iclab.experiments.zhang2025._setup import INV_D8, sgd
 from iclab.experiments.zhang2025._two_models import (
-    SMOKE_UNCHECKED,
     TwoModelConfig,
     TwoModelResults,
     plot_two_models,
@@ -52,21 +51,10 @@ def claims(results: TwoModelResults, cfg: Fig7Config) -> list[ClaimResult]:
     return two_model_claims(results, cfg)[0]
 
 
-FIG7 = register(
-    Experiment(
-        name="zhang2025.fig7",
-        title="Fig. 7: high-dimensional data (N=127): the same contrast, one drop vs a staircase at eq. (19)",
-        config=Fig7Config,
-        presets={
-            "smoke": dict(steps=100, merged_steps=50, train_size=500, eval_every=5),
-            "quick": dict(train_size=20_000, w_init=0.1, lr=1.0, steps=20_000, eval_every=20),
-            "paper": dict(),
-        },
-        run=run_two_models,
-        plot=functools.partial(plot_two_models, name="fig7"),
-        claims=claims,
-        description="D=8 (the paper's D, H, R are not in the text), N=127, λ_d ∝ 1/d (trace 1), full-batch GD on P "
-        "sequences; training loss; dashed: eq. (19) at N=127.",
-        smoke_unchecked=dict(SMOKE_UNCHECKED),
-    )
+run, plot = run_two_models, functools.partial(plot_two_models, name="fig7")
+CARD = card(
+    Fig7Config,
+    "Fig. 7: high-dimensional data (N=127): the same contrast, one drop vs a staircase at eq. (19)",
+    smoke=dict(steps=100, merged_steps=50, train_size=500, eval_every=5),
+    quick=dict(train_size=20_000, w_init=0.1, lr=1.0, steps=20_000, eval_every=20),
 )

@@ -1,6 +1,7 @@
-"""Zhang et al. 2025, Fig. 8 (Sec. 4.4, eq. 23-26): trained on the next-token loss (23), every prefix of a sequence a
-regression problem, ATTN_S plateaus at the levels of eq. (26), eq. (19) with 1/N replaced by E(1/N) = H_31/31, and
-not at eq. (19) with N = N_max; ATTN_M still drops once.
+"""Zhang et al. 2025, Fig. 8 (Sec. 4.4, eq. 23-26): trained by full-batch GD on the next-token loss (23) of P
+sequences, every prefix a regression problem (D = 4, N_max = 31, λ = (.4, .3, .2, .1)), ATTN_S plateaus at the levels
+of eq. (26) (dashed), eq. (19) with 1/N replaced by E(1/N) = H_31/31, and not at eq. (19) with N = N_max; ATTN_M still
+drops once. The training loss is plotted.
 
     iclab run zhang2025.fig8 --preset quick
 
@@ -12,10 +13,9 @@ Claims:
 - separate_several_drops: every ATTN_S seed completes at least 2 drops.
 - eq26_beats_fixed_N: mean |plateau − eq. (26)| / mean |plateau − eq. (19) with N = 31| <= 0.5.
 
-Time on the 2-core CPU: quick 8 s (docs/performance.md, docs/papers/zhang2025.md); paper: all claims pass, within the
-6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 8 s; paper under 90 s (all claims pass).
 
-Did not match: nothing at quick (levels within 2.0e-3 of eq. 26, ratio 0.007); docs/papers/zhang2025.md.
+What did not match: nothing at quick (levels within 2.0e-3 of eq. 26, ratio 0.007; docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from iclab.experiments.registry import ClaimResult, Experiment, check, register
+from iclab.experiments.registry import ClaimResult, card, check
 from iclab.experiments.zhang2025._setup import sgd
 from iclab.experiments.zhang2025._two_models import (
-    SMOKE_UNCHECKED,
     TwoModelConfig,
     TwoModelResults,
     TwoModelTolerances,
@@ -66,29 +65,16 @@ def claims(results: TwoModelResults, cfg: Fig8Config) -> list[ClaimResult]:
             e26 / max(e19, 1e-12),
             hi=cfg.tol.eq26_ratio_hi,
             detail=f"mean |plateau − eq. (26) with E(1/N) = {results.inv_n:.6f}| = {e26:.4f} over that for eq. (19) with N = {cfg.n}: {e19:.4f}",
+            smoke="100 steps: no ATTN_S plateau to compare with eq. (26) yet (measured 1e21)",
         )
     )
     return out
 
 
-FIG8 = register(
-    Experiment(
-        name="zhang2025.fig8",
-        title="Fig. 8: next-token loss (23): plateaus at eq. (26) with E(1/N) = H_31/31",
-        config=Fig8Config,
-        presets={
-            "smoke": dict(steps=100, merged_steps=50, train_size=100, eval_every=5),
-            "quick": dict(train_size=2000, steps=60_000, eval_every=20),
-            "paper": dict(),
-        },
-        run=run_two_models,
-        plot=functools.partial(plot_two_models, name="fig8"),
-        claims=claims,
-        description="D=4, N_max=31, λ=(.4,.3,.2,.1); full-batch GD on the next-token loss (23) of P sequences (every prefix a "
-        "training problem); training loss; dashed: eq. (26).",
-        smoke_unchecked={
-            **SMOKE_UNCHECKED,
-            "eq26_beats_fixed_N": "100 steps: no ATTN_S plateau to compare with eq. (26) yet (measured 1e21)",
-        },
-    )
+run, plot = run_two_models, functools.partial(plot_two_models, name="fig8")
+CARD = card(
+    Fig8Config,
+    "Fig. 8: next-token loss (23): plateaus at eq. (26) with E(1/N) = H_31/31",
+    smoke=dict(steps=100, merged_steps=50, train_size=100, eval_every=5),
+    quick=dict(train_size=2000, steps=60_000, eval_every=20),
 )

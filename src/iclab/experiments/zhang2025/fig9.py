@@ -1,21 +1,20 @@
 """Zhang et al. 2025, Fig. 9 (App. D.6-D.7): the weights of the Fig. 1 run. The ATTN_M heads become parallel (W_1 of
 the MLP is rank one, conservation law (55)); on the plateau the weights align with E(y_q zᵀ) = vec Λ² (D.6.2); at
-the end Σ v_i U_i = E(Λ̂²)⁻¹Λ, the converged algorithm of eq. (11); the MLP's W_1 equals vec U_i throughout.
+the end Σ v_i U_i = E(Λ̂²)⁻¹Λ, the converged algorithm of eq. (11); the MLP's W_1 equals vec U_i throughout. The
+figure shows vec U_i of the 8 heads (rows) and the MLP's W_1 at 0.6·t_drop and at the end, beside the targets.
 
-    iclab run zhang2025.fig9 --preset quick
+Run: ``iclab run zhang2025.fig9 --preset quick``
 
 Claims:
-
 - heads_parallel_after_drop: min pairwise |cos(vec U_i, vec U_j)| at the end >= 0.99.
 - plateau_aligns_with_E_yz: |cos| of the leading direction of W_1 at 0.6·t_drop with vec Λ² >= 0.95.
 - end_aligns_with_global_min: cos(Σ v_i U_i, E(Λ̂²)⁻¹Λ) at the end >= 0.99.
 - end_equals_E_inv_Lambda: ‖Σ v_i U_i − E(Λ̂²)⁻¹Λ‖_F / ‖E(Λ̂²)⁻¹Λ‖_F <= 0.05 (finite P).
 - mlp_weights_equal_attention: max |W_1[i] − vec U_i| at the end <= 1e-9.
 
-Time on the 2-core CPU: quick 3-5 s (the run of Fig. 1; docs/performance.md); paper: all claims pass, within the
-6-87 s of issue 20's paper runs (per-card time not recorded).
+Time on 2 CPU cores: quick 3-5 s (the run of Fig. 1); paper under 90 s (all claims pass).
 
-Did not match: nothing beyond Fig. 1's (docs/papers/zhang2025.md): final relative error 4.6 % at quick (finite P).
+What did not match: nothing beyond Fig. 1's; final relative error 4.6 % at quick (finite P; docs/papers/zhang2025.md).
 """
 
 from __future__ import annotations
@@ -24,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
-from iclab.experiments.registry import ClaimResult, Experiment, check, register
-from iclab.experiments.zhang2025._merged import PRESETS, MergedResults, MergedSetup, run_merged, snapshots
+from iclab.experiments.registry import ClaimResult, card, check
+from iclab.experiments.zhang2025._merged import QUICK, SMOKE, MergedResults, MergedSetup, run_merged, snapshots
 from iclab.plotting import heatmap, save, subplots
 from iclab.theory import attention_dynamics as ad
 
@@ -44,11 +42,6 @@ class Fig9Tolerances:
 @dataclass(frozen=True, kw_only=True)
 class Fig9Config(MergedSetup):
     tol: Fig9Tolerances = field(default_factory=Fig9Tolerances)
-
-
-def _top_direction(U: Tensor) -> Tensor:
-    """Leading right singular vector of W_1 (rows vec U_i), (H, d, d) -> (d²,)."""
-    return torch.linalg.svd(ad.vec(U), full_matrices=False).Vh[0]
 
 
 def plot(results: MergedResults, cfg: Fig9Config, out: Path) -> list[Path]:
@@ -78,18 +71,23 @@ def plot(results: MergedResults, cfg: Fig9Config, out: Path) -> list[Path]:
     return [save(fig, out / "fig9.png")]
 
 
+NEAR_INIT = "40 steps: the weights are still near their small init, not at E(Λ̂²)⁻¹Λ"
+
+
 def claims(results: MergedResults, cfg: Fig9Config) -> list[ClaimResult]:
     Lam, inv_n = results.Lambda, 1 / cfg.n
     ip, ie = snapshots(results, cfg)
     W = ad.merged_matrix(results.v[ie], results.U[ie])
     W_star = ad.converged_matrix(Lam, inv_n)
-    plateau_dir = _top_direction(results.U[ip])
+    # the leading right singular vector of W_1 (rows vec U_i) on the plateau
+    plateau_dir = torch.linalg.svd(ad.vec(results.U[ip]), full_matrices=False).Vh[0]
     return [
         check(
             "heads_parallel_after_drop",
             ad.head_cosines(results.U[ie]).abs().min().item(),
             lo=cfg.tol.parallel_lo,
             detail="min pairwise |cos(vec U_i, vec U_j)| at the end: W_1 is rank one (conservation law (55), App. D.7)",
+            smoke="40 steps: the drop has not happened, the heads are still random (|cos| 0.03)",
         ),
         check(
             "plateau_aligns_with_E_yz",
@@ -102,12 +100,14 @@ def claims(results: MergedResults, cfg: Fig9Config) -> list[ClaimResult]:
             ad.cosine(W, W_star, dims=2).item(),
             lo=cfg.tol.end_align_lo,
             detail="cos(Σ v_i U_i, E(Λ̂²)⁻¹Λ) at the end (eq. 11)",
+            smoke=NEAR_INIT,
         ),
         check(
             "end_equals_E_inv_Lambda",
             (torch.linalg.matrix_norm(W - W_star) / torch.linalg.matrix_norm(W_star)).item(),
             hi=cfg.tol.end_rtol,
             detail="‖Σ v_i U_i − (Λ + (Λ + trΛ I)/N)⁻¹‖_F / ‖·‖_F (finite P)",
+            smoke=NEAR_INIT,
         ),
         check(
             "mlp_weights_equal_attention",
@@ -118,20 +118,10 @@ def claims(results: MergedResults, cfg: Fig9Config) -> list[ClaimResult]:
     ]
 
 
-FIG9 = register(
-    Experiment(
-        name="zhang2025.fig9",
-        title="Fig. 9: ATTN_M heads are parallel; weights align with E(y_q zᵀ) on the plateau and E(y_q zᵀ)E(zzᵀ)⁻¹ at the end",
-        config=Fig9Config,
-        presets=PRESETS,
-        run=run_merged,
-        plot=plot,
-        claims=claims,
-        description="The run of Fig. 1: vec U_i of the 8 heads (rows) and the MLP's W_1 at 0.6·t_drop and at the end, beside the targets.",
-        smoke_unchecked={
-            "heads_parallel_after_drop": "40 steps: the drop has not happened, the heads are still random (|cos| 0.03)",
-            "end_aligns_with_global_min": "40 steps: the weights are still near their small init, not at E(Λ̂²)⁻¹Λ",
-            "end_equals_E_inv_Lambda": "40 steps: the weights are still near their small init, not at E(Λ̂²)⁻¹Λ",
-        },
-    )
+run = run_merged
+CARD = card(
+    Fig9Config,
+    "Fig. 9: ATTN_M heads are parallel; weights align with E(y_q zᵀ) on the plateau and E(y_q zᵀ)E(zzᵀ)⁻¹ at the end",
+    smoke=SMOKE,
+    quick=QUICK,
 )
