@@ -10,7 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal, Self, cast
 
 import torch
 from torch import Tensor, nn
@@ -54,7 +54,8 @@ LBFGS: dict[str, Any] = dict(optimizer="lbfgs", lr=0.1, resample_every=0, schedu
 LBFGS_QUICK: dict[str, Any] = dict(LBFGS, eval_batch=20_000, eval_every=50, select_last=0)
 
 #: The quick presets' Adam + cosine, in place of the authors' AdamW β = (0.99, 0.9) step schedule: it reaches the
-#: optimum in a few thousand steps where the paper's schedule needs tens of thousands.
+#: optimum in a few thousand steps where the paper's schedule needs tens of thousands. Thm 2 (no figure, so no
+#: authors' trainer) uses it at every preset.
 ADAM_QUICK: dict[str, Any] = dict(optimizer="adam", lr=0.05, betas=(0.9, 0.999), schedule="cosine")
 
 #: The training part of every smoke preset: seconds (claims it cannot meet carry a ``smoke`` reason).
@@ -81,8 +82,13 @@ class LinearSetup:
     train: TrainConfig = field(default_factory=paper_train)
 
     def __post_init__(self) -> None:
-        for name in ("seeds", "d", "n", "n_layers"):
-            require_int(self, name, getattr(self, name), 1)
+        require_ints(self, "seeds", "d", "n", "n_layers")
+
+
+def require_ints(owner: Any, *names: str) -> None:
+    """Each ``owner.<name>`` must be an int >= 1."""
+    for name in names:
+        require_int(owner, name, getattr(owner, name), 1)
 
 
 def make_task(setup: LinearSetup, seed: int, weight_prior: WeightPrior) -> LinearRegression:
@@ -184,6 +190,18 @@ def dist_curves(run: SeedRun) -> tuple[Tensor, Tensor]:
     return dist_to_identity(run.A), dist_to_identity(sigma_conj(run.A, run.Sigma))
 
 
+def mean_final_loss(runs: list[SeedRun]) -> float:
+    """The final test loss averaged over runs."""
+    return torch.tensor([r.test_loss[-1] for r in runs]).mean().item()
+
+
+def learned_steps(runs: list[SeedRun], *, rotate: bool = True) -> Tensor:
+    """The learned steps a_i: each layer's mean diagonal of the final Σ^½A_iΣ^½ (of A_i without ``rotate``), sorted
+    per run, then averaged over runs (L,)."""
+    final = [sigma_conj(r.A[-1], r.Sigma) if rotate else r.A[-1] for r in runs]
+    return torch.stack([torch.sort(torch.diagonal(A, dim1=-2, dim2=-1).mean(-1)).values for A in final]).mean(0)
+
+
 @dataclass
 class SparseReference:
     """The Thm-3 S-optimum of pattern (8): the best steps a_i (A_i = a_iΣ⁻¹) and their loss."""
@@ -192,7 +210,24 @@ class SparseReference:
     loss: float
 
 
-def sparse_reference(d: int, n: int, L: int, samples: int) -> SparseReference:
+@dataclass
+class SparseRuns:
+    """The results of a card that trains the sparse pattern: one run per seed and the Thm-3 S-optimum."""
+
+    runs: list[SeedRun]
+    reference: SparseReference
+
+    @classmethod
+    def train(
+        cls, setup: LinearSetup, ctx: RunContext, pattern: Pattern, prior: WeightPrior, samples: int = 200_000
+    ) -> Self:
+        """One model per seed (:func:`seed_runs`) and the S-optimum of the set-up (:func:`sparse_reference`)."""
+        runs = seed_runs(setup, ctx, pattern=pattern, weight_prior=prior)
+        return cls(runs=runs, reference=sparse_reference(setup.d, setup.n, setup.n_layers, samples))
+
+
+def sparse_reference(d: int, n: int, L: int, samples: int = 200_000) -> SparseReference:
+    """The Thm-3 S-optimum: exact for L <= 4, estimated from ``samples`` Wishart draws beyond."""
     a, loss = th.theorem3_optimum(d, n, L, samples=samples, generator=generator(derive_seed(0, "thm3", d, n, L)))
     return SparseReference(a=torch.as_tensor(a, dtype=torch.float64), loss=float(loss))
 
@@ -203,10 +238,7 @@ def layer_dist_panel(ax: Any, runs: list[SeedRun], i: int, title: str) -> None:
     band(ax, x, torch.stack([dist_to_identity(r.A[:, i]) for r in runs]), label=f"A_{i}", color="tab:red")
     rot = torch.stack([dist_to_identity(sigma_conj(r.A[:, i], r.Sigma)) for r in runs])
     band(ax, x, rot, label=f"Σ^½A_{i}Σ^½", color="tab:blue")
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("distance to Id")
-    ax.set_title(title)
+    ax.set(ylim=(0, 1.02), xlabel="iteration", ylabel="distance to Id", title=title)
     ax.legend(fontsize=7)
 
 
@@ -219,15 +251,19 @@ def rotated_heatmaps(run: SeedRun, path: Path) -> Path:
     return save(fig, path)
 
 
+def one_panel(size: tuple[float, float] = (4.4, 3.2)) -> tuple[Any, Any]:
+    """A figure with a single panel: (figure, axes)."""
+    fig, axes = subplots(1, 1, size=size)
+    return fig, axes[0, 0]
+
+
 def log_loss_panel(ax: Any, runs: list[SeedRun], title: str, reference: float | None = None, label: str = "") -> None:
     """Mean ± std over runs of the log test loss, with a dashed reference loss if given."""
     band(ax, runs[0].steps.numpy(), torch.stack([r.test_loss for r in runs]), log=True, color="k", label="test loss")
     if reference is not None:
         ax.axhline(math.log(reference), ls="--", color="tab:green", label=label)
         ax.legend(fontsize=7)
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("log(loss)")
-    ax.set_title(title)
+    ax.set(xlabel="iteration", ylabel="log(loss)", title=title)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -370,8 +406,7 @@ def compare(cfg: BaselineConfig, ctx: RunContext, points: list[tuple[int, int]],
 def method_plot(rows: list[ComparisonRow], by: str, lines: tuple[tuple[str, str, str], ...], log: bool) -> Any:
     """The one panel of Fig. 6 / 7: for each (key, label, style) of ``lines``, ``row.<key>`` averaged over seeds (its
     log with ``log``) against ``row.<by>``; returns (figure, axes) for the card to finish."""
-    fig, axes = subplots(1, 1, size=(4.4, 3.2))
-    ax = axes[0, 0]
+    fig, ax = one_panel()
     for key, label, style in lines:
         m = mean_by(rows, key, by, log=log)
         ax.plot(list(m), list(m.values()), style, label=label, ms=4)

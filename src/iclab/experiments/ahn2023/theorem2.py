@@ -1,7 +1,6 @@
 """Ahn et al. 2023, Thm 2 (no figure in the paper): two layers with the sparse pattern (8) and symmetric A_ℓ,
-trained on isotropic data (x, w⋆ ~ N(0, I), d = 5, n = 20), reach a global minimiser with diagonal A_0, A_1. Trained
-from a random symmetric start, the blocks come out not only diagonal but scalar, A_ℓ = a_ℓ I with the exact 2-step
-optimum a = {0.516, 1.250}.
+trained on isotropic data (x, w⋆ ~ N(0, I), d = 5, n = 20), reach a global minimiser with diagonal A_0, A_1. From a
+random symmetric start the blocks come out scalar too: A_ℓ = a_ℓ I, the exact 2-step optimum a = {0.516, 1.250}.
 
 Run: ``iclab run ahn2023.theorem2 --preset quick``
 
@@ -22,18 +21,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from iclab.core.numerics import dist_to_identity
 from iclab.experiments.ahn2023._setup import (
+    ADAM_QUICK,
     SMOKE,
     LinearSetup,
-    SeedRun,
-    SparseReference,
+    SparseRuns,
+    learned_steps,
     log_loss_panel,
+    mean_final_loss,
     paper_train,
-    seed_runs,
-    sparse_reference,
 )
 from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.plotting import band, save, subplots
@@ -47,72 +45,50 @@ class Theorem2Tolerances:
     scalar_rtol: float = 0.05  # sorted mean diagonals vs the Thm-3 step sizes a_i
 
 
-def _adam() -> TrainConfig:
-    return paper_train(optimizer="adam", lr=0.05, betas=(0.9, 0.999), schedule="cosine", steps=3000, batch_size=20_000)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Theorem2Config(LinearSetup):
     n_layers: int = 2
     spectrum: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)
     seeds: int = 3
     init_std: float = 0.1  # a random symmetric start, so "diagonal" is learned, not inherited
-    train: TrainConfig = field(default_factory=_adam)
+    train: TrainConfig = field(default_factory=lambda: paper_train(**ADAM_QUICK, steps=3000, batch_size=20_000))
     tol: Theorem2Tolerances = field(default_factory=Theorem2Tolerances)
 
 
-@dataclass
-class Theorem2Results:
-    runs: list[SeedRun]
-    reference: SparseReference
+class Theorem2Results(SparseRuns):
+    """One run per seed and the 2-step S-optimum."""
 
 
 def run(cfg: Theorem2Config, ctx: RunContext) -> Theorem2Results:
-    runs = seed_runs(cfg, ctx, pattern="sparse_symmetric", weight_prior="identity")
-    # 200 000 Wishart draws: exact for L <= 4
-    return Theorem2Results(runs=runs, reference=sparse_reference(cfg.d, cfg.n, cfg.n_layers, 200_000))
+    return Theorem2Results.train(cfg, ctx, "sparse_symmetric", "identity")
 
 
-def _offdiag_ratio(A: Tensor) -> Tensor:
+def _offdiag(A: torch.Tensor) -> torch.Tensor:
     """‖A − diag(A)‖_F / ‖A‖_F over the last two axes."""
-    diag = torch.diag_embed(torch.diagonal(A, dim1=-2, dim2=-1))
-    return torch.linalg.matrix_norm(A - diag) / torch.linalg.matrix_norm(A)
+    return torch.linalg.matrix_norm(A - torch.diag_embed(A.diagonal(dim1=-2, dim2=-1))) / torch.linalg.matrix_norm(A)
 
 
 def plot(results: Theorem2Results, cfg: Theorem2Config, out: Path) -> list[Path]:
     runs, L = results.runs, cfg.n_layers
     fig, axes = subplots(1, L + 1)
     x = runs[0].snap_steps.numpy()
-    for i in range(L):
-        ax = axes[0, i]
-        band(
-            ax,
-            x,
-            torch.stack([_offdiag_ratio(r.A[:, i]) for r in runs]),
-            label="off-diagonal share",
-            color="tab:purple",
-        )
+    for i, ax in enumerate(axes[0, :L]):
+        band(ax, x, torch.stack([_offdiag(r.A[:, i]) for r in runs]), label="off-diagonal share", color="tab:purple")
         band(ax, x, torch.stack([dist_to_identity(r.A[:, i]) for r in runs]), label="Dist(A, I)", color="tab:blue")
-        ax.set_ylim(0, 1.02)
-        ax.set_title(f"layer {i}")
-        ax.set_xlabel("iteration")
+        ax.set(ylim=(0, 1.02), title=f"layer {i}", xlabel="iteration")
         ax.legend(fontsize=7)
     log_loss_panel(axes[0, L], runs, "log loss", results.reference.loss, "best scalar A_ℓ = a_ℓ I")
     return [save(fig, out / "theorem2.png")]
 
 
-EARLY = "20 training steps: A_ℓ is still close to its random symmetric init"
-
-
 def claims(results: Theorem2Results, cfg: Theorem2Config) -> list[ClaimResult]:
     runs, ref = results.runs, results.reference
-    final = torch.tensor([r.test_loss[-1] for r in runs]).mean().item()
-    offdiag = max(_offdiag_ratio(r.A[-1]).max().item() for r in runs)
-    scal = torch.stack([torch.sort(torch.diagonal(r.A[-1], dim1=-2, dim2=-1).mean(-1)).values for r in runs]).mean(0)
+    early = "20 training steps: A_ℓ is still close to its random symmetric init"
+    scal = learned_steps(runs, rotate=False)  # sorted mean diagonals (Σ = I)
     return [
         check(
             "loss_equals_scalar_optimum",
-            final,
+            mean_final_loss(runs),
             expected=ref.loss,
             rtol=cfg.tol.loss_rtol,
             detail="Thm 2 with scalar blocks: the exact 2-step optimum φ⋆ (0.3612 at n=20, d=5)",
@@ -120,17 +96,17 @@ def claims(results: Theorem2Results, cfg: Theorem2Config) -> list[ClaimResult]:
         ),
         check(
             "learned_blocks_are_diagonal",
-            offdiag,
+            max(_offdiag(r.A[-1]).max().item() for r in runs),
             hi=cfg.tol.diag_tol,
             detail="max ‖A_ℓ − diag A_ℓ‖_F/‖A_ℓ‖_F: a global minimiser with diagonal A_ℓ (Thm 2)",
-            smoke=EARLY,
+            smoke=early,
         ),
         check(
             "learned_blocks_are_scalar",
             max(dist_to_identity(r.A[-1]).max().item() for r in runs),
             hi=cfg.tol.diag_tol,
             detail="Dist(A_ℓ, I): the diagonal is constant (not proved by the paper)",
-            smoke=EARLY,
+            smoke=early,
         ),
         check(
             "step_sizes_match",
@@ -142,10 +118,9 @@ def claims(results: Theorem2Results, cfg: Theorem2Config) -> list[ClaimResult]:
     ]
 
 
-QUICK = dict(seeds=2, steps=1500, batch_size=4000, snapshot_every=50, eval_every=50, loss_rtol=0.03, diag_tol=0.08)
 CARD = card(
     Theorem2Config,
     "Thm 2: two symmetric eq.-(8) layers on isotropic data learn diagonal (in fact scalar) preconditioners",
     smoke=dict(**SMOKE, snapshot_every=10),
-    quick=QUICK,
+    quick=dict(seeds=2, steps=1500, batch_size=4000, snapshot_every=50, eval_every=50, loss_rtol=0.03, diag_tol=0.08),
 )

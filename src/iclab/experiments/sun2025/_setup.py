@@ -36,8 +36,20 @@ from iclab.training import ModelSpec, TrainConfig, TrainingRun
 SMOKE = dict(seeds=1, steps=6, batch_size=64, n=20, eval_batch=256, eval_every=3, snapshot_every=3, test_batch=512)
 #: quick: 1 seed, short prompts, a 10× larger learning rate with warm-up and cosine decay (minutes on 2 cores;
 #: fine for L <= 2; L = 4 diverges at this lr even with the stabilising parameterisation).
-QUICK = dict(seeds=1, n=50, batch_size=256, steps=700, lr=1e-2, warmup_steps=50, schedule="cosine", eval_every=50, snapshot_every=100,
-             eval_batch=4096, test_batch=20_000, subnet_batch=4096)  # fmt: skip
+QUICK = dict(
+    seeds=1,
+    n=50,
+    batch_size=256,
+    steps=700,
+    lr=1e-2,
+    warmup_steps=50,
+    schedule="cosine",
+    eval_every=50,
+    snapshot_every=100,
+    eval_batch=4096,
+    test_batch=20_000,
+    subnet_batch=4096,
+)
 
 
 def paper_train(**changes: Any) -> TrainConfig:
@@ -46,10 +58,21 @@ def paper_train(**changes: Any) -> TrainConfig:
     iteration overshoots gives an inf gradient: that step is skipped (``skip_nonfinite``). ℓ-block sub-network losses
     (Fig. 5-9) every 500 steps."""
     base = TrainConfig(
-        steps=20_000, batch_size=4000, optimizer="adam", lr=1e-3, eps=1e-8, schedule="constant", warmup_steps=0,
-        clip=1.0, clip_mode="global", skip_nonfinite=True, eval_every=100, eval_batch=4000, snapshot_every=500,
+        steps=20_000,
+        batch_size=4000,
+        optimizer="adam",
+        lr=1e-3,
+        eps=1e-8,
+        schedule="constant",
+        warmup_steps=0,
+        clip=1.0,
+        clip_mode="global",
+        skip_nonfinite=True,
+        eval_every=100,
+        eval_batch=4000,
+        snapshot_every=500,
         dtype="float32",
-    )  # fmt: skip
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -60,9 +83,21 @@ def require_ints(owner: Any, name: str, values: Any, low: int, *, min_len: int =
     require(owner, name, ok, f"a tuple of at least {min_len} distinct int(s) >= {low}", values)
 
 
+def require_positive_ints(owner: Any, *names: str) -> None:
+    """Each ``owner.<name>`` must be an int >= 1."""
+    for name in names:
+        require_int(owner, name, getattr(owner, name), 1)
+
+
 def require_choices(owner: Any, name: str, values: Any, allowed: tuple[str, ...]) -> None:
     ok = isinstance(values, tuple | list) and len(values) >= 1 and all(v in allowed for v in values)
-    require(owner, name, ok and len(set(values)) == len(values), f"a non-empty tuple of distinct entries of {allowed}", values)  # fmt: skip
+    require(
+        owner,
+        name,
+        ok and len(set(values)) == len(values),
+        f"a non-empty tuple of distinct entries of {allowed}",
+        values,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,7 +129,12 @@ class BilinearSetup:
         require_int(self, "d_bar", self.d_bar, 1)
         for d in self._model_ds():
             low = self._min_d_bar(d)
-            require(self, "d_bar", self.d_bar >= low, f"an int >= {low} for d = {d} (BilinearTransformerConfig's minimum: d + 1, d + 2 for a sparse FFN)")  # fmt: skip
+            require(
+                self,
+                "d_bar",
+                self.d_bar >= low,
+                f"an int >= {low} for d = {d} (BilinearTransformerConfig's minimum: d + 1, d + 2 for a sparse FFN)",
+            )
 
     def _model_ds(self) -> tuple[int, ...]:
         """The input dimensions d of the models built from ``d_bar``."""
@@ -127,9 +167,15 @@ def _block_loss_snapshot(model: BilinearTransformer, *, episode: Episode) -> dic
 
 
 def bilinear_run(
-    cfg: BilinearSetup, device: torch.device, *, seed: int, task: tasks.PolynomialRegression,
-    model_cfg: BilinearTransformerConfig, name: str, n: int | None = None,
-) -> TrainingRun:  # fmt: skip
+    cfg: BilinearSetup,
+    device: torch.device,
+    *,
+    seed: int,
+    task: tasks.PolynomialRegression,
+    model_cfg: BilinearTransformerConfig,
+    name: str,
+    n: int | None = None,
+) -> TrainingRun:
     """One model trained on ``task`` for one seed (its run directory: ``name``); snapshots hold the sub-network losses
     on ``cfg.subnet_batch`` prompts drawn on ``device`` from ``derive_seed(seed, "subnet")``; the model's init is
     ``generator(derive_seed(seed, "init", name))``.
@@ -150,7 +196,9 @@ def bilinear_run(
     )
 
 
-def loss_vs_length(model: BilinearTransformer, task: Any, ns: tuple[int, ...], batch: int, seed: int) -> list[tuple[float, float]]:  # fmt: skip
+def loss_vs_length(
+    model: BilinearTransformer, task: Any, ns: tuple[int, ...], batch: int, seed: int
+) -> list[tuple[float, float]]:
     """(mean, standard error) of the float64 test loss at every test length.
 
     The bilinear transformer is a polynomial in the prompt, finite in exact arithmetic, so a nan error can only be an
@@ -190,18 +238,24 @@ ModelGroup = tuple[dict[str, BilinearTransformerConfig], int, int | None]
 
 
 def run_models(
-    cfg: BilinearSetup, ctx: RunContext, models: dict[str, BilinearTransformerConfig], d: int, n: int | None = None,
+    cfg: BilinearSetup,
+    ctx: RunContext,
+    models: dict[str, BilinearTransformerConfig],
+    d: int,
+    n: int | None = None,
     measure: Callable[[BilinearTransformer, int], dict[str, Any]] | None = None,
-) -> list[ModelRow]:  # fmt: skip
+) -> list[ModelRow]:
     """Train every model for every seed (one :class:`TrainingRun` each, run directory ``d{d}-{label}-n{n}-seed{s}``)
     and measure each; one row each. ``measure(model, seed)`` sets further fields of the row."""
     return run_model_groups(cfg, ctx, [(models, d, n)], measure)
 
 
 def run_model_groups(
-    cfg: BilinearSetup, ctx: RunContext, groups: list[ModelGroup],
+    cfg: BilinearSetup,
+    ctx: RunContext,
+    groups: list[ModelGroup],
     measure: Callable[[BilinearTransformer, int], dict[str, Any]] | None = None,
-) -> list[ModelRow]:  # fmt: skip
+) -> list[ModelRow]:
     """:func:`run_models` for several (models, d, n) groups, every run in one batch (so that every worker of
     ``--workers`` / Ray stays busy); rows in group, label, seed order."""
     jobs = []  # (label, seed, d, n_train, task, model config)

@@ -9,18 +9,12 @@ Claims (Fig. 2):
 - dense_beats_sparse: mean loss of the dense model over that of the sparse model at n_train <= 1.
 - sparse_beats_linear: sparse over linear TF <= 1.
 - linear_above_floor_5: min over seeds of (loss + 3σ) of the linear TF >= 5, the cubic affine floor (Prop. 1).
-- dense_below_quadratic_floor_2: max over seeds of (loss + 3σ) of the dense model <= 2, the loss of the best predictor
-  of degree <= 2 in x_q: the dense FFNs composed cubic features.
-- strict_sparse_above_quadratic_floor_2: ``sparse_strict`` (the attention's P rows of (1, x) also held at 0) has a
-  prediction quadratic in x_q, so its loss + 3σ stays >= 2.
+- dense_below_quadratic_floor_2: max over seeds of (loss + 3σ) of the dense model <= 2, the quadratic-feature floor.
+- strict_sparse_above_quadratic_floor_2: min over seeds of (loss + 3σ) of ``sparse_strict`` (P's (1, x) rows at 0) >= 2.
 
-Time on 2 CPU cores: quick 186 s (2-block models, n = 50, 3000 steps); paper 15.7 core-hours (5 seeds × 20 000 steps
-× 4000 prompts of 10-layer models): Ray or a GPU.
+Time on 2 CPU cores: quick 186 s (2 blocks, n = 50, 3000 steps: at 1000 dense and sparse tie); paper 15.7 core-hours.
 
-What did not match: the paper's sparse layer (eq. 11) is not limited to degree 2: the attention writes into the
-(1, x) rows and the next sparse FFN forms degree-4 features; ``sparse_strict`` is the variant the paper's argument
-needs. At quick 400 steps leave every model at the affine floor, 1000 steps tie dense and sparse; 3000 separate them.
-See docs/papers/sun2025.md ("Fig. 2 at quick") and docs/errata.md (Sun et al. 2025, #7).
+What did not match: the sparse FFN (eq. 11) is not limited to degree 2 (docs/papers/sun2025.md, docs/errata.md #7).
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from iclab.core.errors import require_int
 from iclab.experiments.registry import ClaimResult, RunContext, card, check
 from iclab.experiments.sun2025._setup import (
     QUICK,
@@ -41,6 +34,7 @@ from iclab.experiments.sun2025._setup import (
     model_base,
     model_curves,
     require_choices,
+    require_positive_ints,
     run_models,
     upper,
 )
@@ -61,8 +55,7 @@ class Fig2Config(BilinearSetup):
 
     def __post_init__(self) -> None:
         require_choices(self, "variants", self.variants, tuple(f for f in FFNS if f != "none"))
-        require_int(self, "n_blocks", self.n_blocks, 1)
-        require_int(self, "linear_layers", self.linear_layers, 1)
+        require_positive_ints(self, "n_blocks", "linear_layers")
         super().__post_init__()
 
     def _min_d_bar(self, d: int) -> int:
@@ -82,46 +75,39 @@ def run(cfg: Fig2Config, ctx: RunContext) -> Fig2Results:
 
 
 def plot(results: Fig2Results, cfg: Fig2Config, out: Path) -> list[Path]:
-    rows = results.rows
     fig, axes = subplots(1, 2)
-    length_panel(axes[0, 0], cfg, rows, "(Fig. 2) cubic, d = 4, d̄ = 15", 5.0)
     axes[0, 0].axhline(2.0, ls=":", color="gray", lw=0.8, label="quadratic-feature floor")
-    model_curves(axes[0, 1], rows, "(Fig. 10) training curves")
+    length_panel(axes[0, 0], cfg, results.rows, "(Fig. 2) cubic, d = 4, d̄ = 15", 5.0)
+    model_curves(axes[0, 1], results.rows, "(Fig. 10) training curves")
     return [save(fig, out / "fig2_10.png")]
 
 
 def claims(results: Fig2Results, cfg: Fig2Config) -> list[ClaimResult]:
-    rows = results.rows
-
-    def mean(label: str) -> float:
-        return mean_at([r for r in rows if r.model == label], cfg, cfg.n)
-
-    def sigma3(label: str) -> list[float]:  # loss + 3σ of every seed of one model
-        return [upper(cfg, r, cfg.n) for r in rows if r.model == label]
-
+    mean = {m: mean_at([r for r in results.rows if r.model == m], cfg, cfg.n) for m in (*cfg.variants, "linear")}
+    sigma3 = {m: [upper(cfg, r, cfg.n) for r in results.rows if r.model == m] for m in mean}  # loss + 3σ per seed
     out = [
         check(
             "dense_beats_sparse",
-            mean("dense") / mean("sparse"),
+            mean["dense"] / mean["sparse"],
             hi=1.0,
-            detail=f"dense {mean('dense'):.3f} / sparse {mean('sparse'):.3f} at n = {cfg.n}",
+            detail=f"dense {mean['dense']:.3f} / sparse {mean['sparse']:.3f} at n = {cfg.n}",
         ),
         check(
             "sparse_beats_linear",
-            mean("sparse") / mean("linear"),
+            mean["sparse"] / mean["linear"],
             hi=1.0,
-            detail=f"sparse {mean('sparse'):.3f} / linear {mean('linear'):.3f}",
+            detail=f"sparse {mean['sparse']:.3f} / linear {mean['linear']:.3f}",
             smoke="6 training steps: every model is still at its initial loss (ratio 1 ± 1e-4)",
         ),
         check(
             "linear_above_floor_5",
-            min(sigma3("linear")),
+            min(sigma3["linear"]),
             lo=5.0,
             detail="min over seeds of (loss + 3σ) of the linear TF; the cubic affine floor is 5 (Prop. 1)",
         ),
         check(
             "dense_below_quadratic_floor_2",
-            max(sigma3("dense")),
+            max(sigma3["dense"]),
             hi=2.0,
             detail="max over seeds of (loss + 3σ) of the dense model; 2 is the loss of the best predictor of degree "
             "<= 2 in x_q for any n (x1x2x3, x2x3x4 are orthogonal to them): the dense FFNs composed cubic features",
@@ -129,12 +115,11 @@ def claims(results: Fig2Results, cfg: Fig2Config) -> list[ClaimResult]:
         ),
     ]
     if "sparse_strict" in cfg.variants:
-        out.append(check("strict_sparse_above_quadratic_floor_2", min(sigma3("sparse_strict")), lo=2.0, detail="P rows of (1, x) held at 0: the prediction is quadratic in x_q, so the loss stays >= 2"))  # fmt: skip
+        why = "P rows of (1, x) held at 0: the prediction is quadratic in x_q, so the loss stays >= 2"
+        out.append(check("strict_sparse_above_quadratic_floor_2", min(sigma3["sparse_strict"]), lo=2.0, detail=why))
     return out
 
 
-# quick: 3000 steps: at 400 every model is still at the affine floor (dense 5.06, sparse 5.17, linear 5.79); at 1000
-# dense and sparse tie (2.85 / 2.87); at 3000 the dense model is below the quadratic floor 2
 CARD = card(
     Fig2Config,
     "Fig. 2, 10: sparse cubic ICL, 10-layer dense vs sparse bilinear TF (+ 5-layer linear TF)",

@@ -58,7 +58,9 @@ class Fig3Config:
     def __post_init__(self) -> None:
         require_int(self, "d", self.d, 1)
         q = math.comb(self.d + 2, 2)
-        require(self, "d_bar", is_int(self.d_bar, q), f"an int >= C(d+2, 2) = {q} (one scratch row per quadratic monomial)")  # fmt: skip
+        require(
+            self, "d_bar", is_int(self.d_bar, q), f"an int >= C(d+2, 2) = {q} (one scratch row per quadratic monomial)"
+        )
         require_ints(self, "ns", self.ns, 1, min_len=2)  # a log-log slope needs two n
         require_int(self, "prompts", self.prompts, 2)
 
@@ -92,7 +94,9 @@ def run(cfg: Fig3Config, ctx: RunContext) -> Fig3Results:
     A = torch.stack([x, torch.ones_like(x)], 1)
     coef = torch.linalg.lstsq(A, y.unsqueeze(1)).solution.squeeze(1)
     r2 = 1 - float(((y - A @ coef) ** 2).sum() / ((y - y.mean()) ** 2).sum())
-    return Fig3Results(rows=rows, slope=float(coef[0]), intercept=float(coef[1]), r2=r2, K=pf.construction_constant(cfg.d))  # fmt: skip
+    return Fig3Results(
+        rows=rows, slope=float(coef[0]), intercept=float(coef[1]), r2=r2, K=pf.construction_constant(cfg.d)
+    )
 
 
 def plot(results: Fig3Results, cfg: Fig3Config, out: Path) -> list[Path]:
@@ -100,7 +104,9 @@ def plot(results: Fig3Results, cfg: Fig3Config, out: Path) -> list[Path]:
     fig, axes = subplots(1, 1, size=(4.4, 3.2))
     ax = axes[0, 0]
     ns = [r.n for r in rows]
-    ax.errorbar(ns, [r.loss for r in rows], yerr=[3 * r.se for r in rows], fmt="o", ms=4, label="construction (MC ± 3σ)")  # fmt: skip
+    ax.errorbar(
+        ns, [r.loss for r in rows], yerr=[3 * r.se for r in rows], fmt="o", ms=4, label="construction (MC ± 3σ)"
+    )
     ax.plot(ns, [K / n for n in ns], "k-", lw=0.8, label=f"K(d)/n = {K:.0f}/n (exact)")
     ax.plot(ns, [pf.paper_theorem2_loss(cfg.d, n) for n in ns], "r--", lw=0.8, label="Thm 2 as printed")
     decorate(ax, "n", "ICL loss", f"slope {results.slope:.3f}, r² = {results.r2:.4f}", xlog=True)

@@ -75,7 +75,9 @@ def plot(results: Fig4Results, cfg: Fig4Config, out: Path) -> list[Path]:
     return [save(fig, out / "fig4.png")]
 
 
-def _shortest_comparable(num: dict[int, float], den: dict[int, float], ns: list[int]) -> tuple[float, int | None, list[int]]:  # fmt: skip
+def _shortest_comparable(
+    num: dict[int, float], den: dict[int, float], ns: list[int]
+) -> tuple[float, int | None, list[int]]:
     """num/den at the shortest of ``ns`` where the two mean losses did not both overflow float64 (inf: the loss
     exploded, App. H's "the variance becomes quite large"); inf/finite = inf, finite/inf = 0. Returns (ratio,
     that test length or None, the lengths skipped because both were inf)."""
@@ -127,7 +129,9 @@ def claims(results: Fig4Results, cfg: Fig4Config) -> list[ClaimResult]:
     )
     if crossing:
         short = [n for n in sorted(cfg.test_ns) if n < lo] or [shortest]  # shorter than both training lengths
-        ratio, at, skipped = _shortest_comparable({n: mean(hi, n) for n in short}, {n: mean(lo, n) for n in short}, short)  # fmt: skip
+        ratio, at, skipped = _shortest_comparable(
+            {n: mean(hi, n) for n in short}, {n: mean(lo, n) for n in short}, short
+        )
         where = (
             f"loss at n_test = {at}: n_train = {hi} ({_loss(mean(hi, at))}) over n_train = {lo} ({_loss(mean(lo, at))})"
             if at is not None

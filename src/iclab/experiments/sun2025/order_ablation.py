@@ -98,12 +98,20 @@ def depths(cfg: OrderAblationConfig, order: str) -> tuple[int, ...]:
 
 def run(cfg: OrderAblationConfig, ctx: RunContext) -> OrderAblationResults:
     base = model_base(cfg, cfg.d)
-    models = {f"{o}-L{L}": BilinearTransformerConfig(**base, n_blocks=L, order=cast(Order, o)) for o in cfg.orders for L in depths(cfg, o)}  # fmt: skip
+    models = {
+        f"{o}-L{L}": BilinearTransformerConfig(**base, n_blocks=L, order=cast(Order, o))
+        for o in cfg.orders
+        for L in depths(cfg, o)
+    }
     return OrderAblationResults(rows=run_models(cfg, ctx, models, cfg.d), floor=affine_stats(cfg).floor)
 
 
 def _rows(rows: list[ModelRow], order: str | None = None, L: int | None = None) -> list[ModelRow]:
-    return [r for r in rows if (order is None or split_label(r.model)[0] == order) and (L is None or split_label(r.model)[1] == L)]  # fmt: skip
+    return [
+        r
+        for r in rows
+        if (order is None or split_label(r.model)[0] == order) and (L is None or split_label(r.model)[1] == L)
+    ]
 
 
 def plot(results: OrderAblationResults, cfg: OrderAblationConfig, out: Path) -> list[Path]:
@@ -111,7 +119,12 @@ def plot(results: OrderAblationResults, cfg: OrderAblationConfig, out: Path) -> 
     fig, axes = subplots(1, 3)
     ax = axes[0, 0]
     for o in cfg.orders:
-        ys = torch.tensor([[at(cfg, r, cfg.n)[0] for L in depths(cfg, o) for r in _rows(rows, o, L) if r.seed == s] for s in range(cfg.seeds)])  # fmt: skip
+        ys = torch.tensor(
+            [
+                [at(cfg, r, cfg.n)[0] for L in depths(cfg, o) for r in _rows(rows, o, L) if r.seed == s]
+                for s in range(cfg.seeds)
+            ]
+        )
         band(ax, list(depths(cfg, o)), ys, label=o, marker="o", ms=4)
     ax.axhline(results.floor, ls="--", color="gray", lw=0.8, label="linear-TF floor (Prop. 1)")
     ax.set_yscale("log")
@@ -140,9 +153,24 @@ def claims(results: OrderAblationResults, cfg: OrderAblationConfig) -> list[Clai
                 sides["attention-first / FFN-first(L − 1)"] = attn / below
                 losses += f", FFN-first(L − 1) {below:.4g}"
             ratios = ", ".join(f"{k} {v:.4g}" for k, v in sides.items())
-            out.append(check(f"attention_first_between_depths_L{L}", max(sides.values()), hi=cfg.tol.slack, detail=f"mean loss at n = {cfg.n}, L = {L}: {losses}; {ratios} (the remark as the paper states it: the orders' classes nest within one block; the equal-depth ratio {max(ffn, attn) / min(ffn, attn):.3g})"))  # fmt: skip
+            out.append(
+                check(
+                    f"attention_first_between_depths_L{L}",
+                    max(sides.values()),
+                    hi=cfg.tol.slack,
+                    detail=f"mean loss at n = {cfg.n}, L = {L}: {losses}; {ratios} (the remark as the paper states it: the orders' classes nest within one block; the equal-depth ratio {max(ffn, attn) / min(ffn, attn):.3g})",
+                )
+            )
         worst = max(at(cfg, r, cfg.n)[0] + k * at(cfg, r, cfg.n)[1] for r in _rows(rows, L=L))
-        out.append(check(f"both_orders_below_linear_floor_L{L}", worst, hi=floor, detail=f"max over orders, seeds of (loss + {k:g}σ) vs the Prop. 1 floor d(d+3)/2", smoke="6 training steps: both at their initial loss"))  # fmt: skip
+        out.append(
+            check(
+                f"both_orders_below_linear_floor_L{L}",
+                worst,
+                hi=floor,
+                detail=f"max over orders, seeds of (loss + {k:g}σ) vs the Prop. 1 floor d(d+3)/2",
+                smoke="6 training steps: both at their initial loss",
+            )
+        )
     return out
 
 

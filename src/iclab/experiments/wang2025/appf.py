@@ -125,10 +125,19 @@ def run(cfg: AppFConfig, ctx: RunContext) -> AppFResults:
     models: dict[tuple[str, str], SingleStepCategorical] = {}
     keys = [(kernel, mode) for kernel in cfg.kernels for mode in MODES]
     per_model = [
-        seed_runs(cfg, f"{mode}-{kernel}", model_spec(cfg, 1, mode, cls=SingleStepCategorical, kernel=kernel), sample,
-                  cfg.L, mode=mode, val=val, test=test, init_key=("init", kernel))
+        seed_runs(
+            cfg,
+            f"{mode}-{kernel}",
+            model_spec(cfg, 1, mode, cls=SingleStepCategorical, kernel=kernel),
+            sample,
+            cfg.L,
+            mode=mode,
+            val=val,
+            test=test,
+            init_key=("init", kernel),
+        )
         for kernel, mode in keys
-    ]  # fmt: skip
+    ]
     forms: list[GdForm] = []
     for (kernel, mode), results in zip(keys, ctx.execute_groups(per_model), strict=True):
         models[(kernel, mode)] = cast(SingleStepCategorical, results[0].model)

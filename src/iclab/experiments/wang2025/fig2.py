@@ -33,9 +33,12 @@ from iclab.experiments.wang2025._setup import QUICK, SMOKE
 from iclab.experiments.wang2025._sweep_L import SweepLConfig, plot_sweep_L, run_sweep_L, sweep_claims
 
 QUICK_PRESET = dict(**QUICK, L_grid=(512, 4096), match_acc_tol=0.05, match_nll_tol=0.2, data_efficiency_tol=0.03)
+run, plot = run_sweep_L, plot_sweep_L
+claims = sweep_claims(tf_approaches_gd_with_L="4 updates: the gaps between two untrained models are noise")
 CARD = card(
-    SweepLConfig, "Fig. 2: one attention block, GD vs Trained TF vs number of training contexts L",
-    smoke=dict(**SMOKE, L_grid=(32, 64)), quick=QUICK_PRESET,
-    paper=dict(n_blocks=1, L_grid=(2048, 4096, 8192, 16384, 32768)), run=run_sweep_L, plot=plot_sweep_L,
-    claims=sweep_claims(tf_approaches_gd_with_L="4 updates: the gaps between two untrained models are noise"),
-)  # fmt: skip
+    SweepLConfig,
+    "Fig. 2: one attention block, GD vs Trained TF vs number of training contexts L",
+    smoke=dict(**SMOKE, L_grid=(32, 64)),
+    quick=QUICK_PRESET,
+    paper=dict(n_blocks=1, L_grid=(2048, 4096, 8192, 16384, 32768)),
+)

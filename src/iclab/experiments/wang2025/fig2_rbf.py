@@ -37,9 +37,12 @@ QUICK_PRESET = dict(
 )
 # the authors' 1-layer rbf lr 1e-3 for both GD and TF (paper_optimiser)
 PAPER_PRESET = dict(n_blocks=1, kernel="rbf", L_grid=(2048, 4096, 8192, 16384, 32768))
+run, plot = run_sweep_L, plot_sweep_L
+claims = sweep_claims(gd_is_data_efficient="4 updates: GD's accuracy at two L differs by test-set noise")
 CARD = card(
-    SweepLConfig, "Fig. 2 with RBF attention: one block, GD vs Trained TF vs L",
-    smoke=dict(**SMOKE, kernel="rbf", L_grid=(32, 64)), quick=QUICK_PRESET, paper=PAPER_PRESET,
-    run=run_sweep_L, plot=plot_sweep_L,
-    claims=sweep_claims(gd_is_data_efficient="4 updates: GD's accuracy at two L differs by test-set noise"),
-)  # fmt: skip
+    SweepLConfig,
+    "Fig. 2 with RBF attention: one block, GD vs Trained TF vs L",
+    smoke=dict(**SMOKE, kernel="rbf", L_grid=(32, 64)),
+    quick=QUICK_PRESET,
+    paper=PAPER_PRESET,
+)

@@ -89,19 +89,36 @@ def claims(results: DepthResults, cfg: DepthConfig) -> list[ClaimResult]:
     nl = {K: gd[K].nll for K in blocks}
     deep = [K for K in blocks if K >= 4] or blocks[-1:]
     out = [
-        check("gd_accuracy_below_bayes", max(acc.values()) - results.bayes.test_max_prob,
-              hi=3 * 0.5 / math.sqrt(cfg.test_size), detail=f"acc by blocks {acc}"),
-        check("deeper_gd_has_lower_nll", nl[blocks[0]] - min(nl[K] for K in deep), lo=tol.nll_gain_min,
-              detail=f"NLL by blocks {nl} (Fig. 3: NLL(4-6) <= NLL(1) − 0.13)"),
-    ]  # fmt: skip
+        check(
+            "gd_accuracy_below_bayes",
+            max(acc.values()) - results.bayes.test_max_prob,
+            hi=3 * 0.5 / math.sqrt(cfg.test_size),
+            detail=f"acc by blocks {acc}",
+        ),
+        check(
+            "deeper_gd_has_lower_nll",
+            nl[blocks[0]] - min(nl[K] for K in deep),
+            lo=tol.nll_gain_min,
+            detail=f"NLL by blocks {nl} (Fig. 3: NLL(4-6) <= NLL(1) − 0.13)",
+        ),
+    ]
     if 1 in acc and 2 in acc:
         out += [
-            check("two_blocks_beat_one", acc[2] - acc[1], lo=tol.depth_gain_min,
-                  detail="acc(2) − acc(1); paper +0.016 (Fig. 3)"),
-            check("gd_two_block_accuracy_matches_paper", acc[2], expected=tol.gd_acc_expected, atol=tol.gd_acc_tol,
-                  detail="paper 0.7177 ± 0.0023 at L = 2048 (the authors' notebook, Fig. 3)",
-                  smoke="4 updates on 64 contexts: the 2-block model is far from trained"),
-        ]  # fmt: skip
+            check(
+                "two_blocks_beat_one",
+                acc[2] - acc[1],
+                lo=tol.depth_gain_min,
+                detail="acc(2) − acc(1); paper +0.016 (Fig. 3)",
+            ),
+            check(
+                "gd_two_block_accuracy_matches_paper",
+                acc[2],
+                expected=tol.gd_acc_expected,
+                atol=tol.gd_acc_tol,
+                detail="paper 0.7177 ± 0.0023 at L = 2048 (the authors' notebook, Fig. 3)",
+                smoke="4 updates on 64 contexts: the 2-block model is far from trained",
+            ),
+        ]
     return out
 
 

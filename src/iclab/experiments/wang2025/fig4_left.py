@@ -49,9 +49,12 @@ QUICK_PRESET = {
     "gd_acc_tol": 0.05,
     "gap_small_L": 0.05,
 }
+run, plot = run_sweep_L, plot_sweep_L
+claims = sweep_claims()
 CARD = card(
-    SweepLConfig, "Fig. 4 (left): two attention blocks, GD vs Trained TF vs L",
-    smoke=dict(**SMOKE, n_blocks=2, L_grid=(32, 64)), quick=QUICK_PRESET,
+    SweepLConfig,
+    "Fig. 4 (left): two attention blocks, GD vs Trained TF vs L",
+    smoke=dict(**SMOKE, n_blocks=2, L_grid=(32, 64)),
+    quick=QUICK_PRESET,
     paper=dict(n_blocks=2, gd_acc_expected=0.718, match_acc_tol=0.02, gap_small_L=0.15),
-    run=run_sweep_L, plot=plot_sweep_L, claims=sweep_claims(),
-)  # fmt: skip
+)
