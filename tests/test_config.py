@@ -148,3 +148,24 @@ def test_overrides_read_exponent_floats_as_numbers(raw: str, value: float) -> No
 
     key, parsed = parse_override(f"train.lr={raw}")
     assert key == ["train", "lr"] and parsed == value and type(parsed) is type(value)
+
+
+def test_an_added_setting_at_its_default_keeps_the_run_identity() -> None:
+    """A setting added to a config later (``added_setting``) leaves the hash and a checkpoint's match of every
+    config that does not use it as they were, and changes them when it is used."""
+    import dataclasses
+
+    from iclab.core.config import added_setting, config_hash, identity, to_dict
+
+    @dataclasses.dataclass(frozen=True)
+    class Before:
+        lr: float = 0.1
+
+    @dataclasses.dataclass(frozen=True)
+    class After:
+        lr: float = 0.1
+        projection: str = added_setting("none")
+
+    assert identity(After()) == to_dict(Before()) and config_hash(After()) == config_hash(Before())
+    assert config_hash(After(projection="after_step")) != config_hash(Before())
+    assert "projection" in to_dict(After())  # the resolved config still shows every setting

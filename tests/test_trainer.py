@@ -15,7 +15,7 @@ from iclab.core.seeding import generator
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
 from iclab.training import TrainConfig, load_history, train
-from iclab.training.optim import clip_gradients, lr_factor
+from iclab.training.optim import clip_gradients, clip_groups_, lr_factor
 
 TASK = LinearRegression(d=3)
 SAMPLE = functools.partial(TASK.sample, n=8)
@@ -217,3 +217,152 @@ def test_a_finite_float64_loss_beyond_float32_range_is_not_called_non_finite() -
     cfg = _cfg(steps=3, log_every=1, eval_every=0, lr=1e-30, dtype="float64")
     res = train(_model().double(), huge, cfg)
     assert 1e40 < res.history[-1]["train_loss"] < float("inf")
+
+
+# --- per-group clipping, the coefficient rule, masks and the post-step projection ---------------------------------
+
+
+class _Masked(LinearTransformer):
+    """A full-pattern LinearTransformer whose P is held at zero in its last row (a stand-in for a model whose
+    parameterisation has entries the paper's pattern fixes)."""
+
+    def projection_masks(self) -> dict[str, torch.Tensor]:
+        mask = torch.zeros(1, 4, 4, dtype=torch.bool)
+        mask[0, -1, :] = True
+        return {f"layers.{i}.P_free": mask for i in range(len(self.layers))}
+
+
+def _full(seed: int = 0, cls: type = LinearTransformer) -> LinearTransformer:
+    return cls(LinearTransformerConfig(d=3, n_layers=2, pattern="full", init_std=0.1), generator=generator(seed))
+
+
+def test_per_group_clips_each_layer_to_its_threshold() -> None:
+    """Default groups: one per layer (P and Q together); group i to clip_thresholds[i] by c/‖g‖ (no ε)."""
+    from iclab.training.trainer import clip_groups
+
+    model = _full()
+    groups = clip_groups(model)
+    assert [[id(p) for p in g] for g in groups] == [[id(p) for p in layer.parameters()] for layer in model.layers]
+    for g in groups:
+        for p in g:
+            p.grad = torch.full_like(p, 3.0)
+    clip_groups_(groups, (1e-3, 100.0))
+    norm0 = torch.cat([p.grad.reshape(-1) for p in groups[0]]).norm()
+    assert abs(float(norm0) / 1e-3 - 1) < 1e-6  # clipped to c (float32)
+    assert all(torch.equal(p.grad, torch.full_like(p, 3.0)) for p in groups[1])  # under its threshold: untouched
+
+
+def test_clip_coefficient_rules() -> None:
+    p = torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))
+    p.grad = torch.tensor([3.0, 4.0, 0.0, 0.0], dtype=torch.float64)  # norm 5
+    clip_gradients([p], 1.0, "global", eps=0.5)
+    assert torch.equal(p.grad, torch.tensor([3.0, 4.0, 0.0, 0.0], dtype=torch.float64) * (1.0 / 5.5))
+    p.grad = torch.tensor([3.0, 4.0, 0.0, 0.0], dtype=torch.float64)
+    clip_groups_([[p]], (1.0,), eps=0.0)
+    assert torch.equal(p.grad, torch.tensor([3.0, 4.0, 0.0, 0.0], dtype=torch.float64) * (1.0 / 5.0))
+    p.grad = torch.zeros(4, dtype=torch.float64)
+    clip_groups_([[p]], (1.0,))  # a zero gradient stays zero (no 0/0)
+    assert torch.equal(p.grad, torch.zeros(4, dtype=torch.float64))
+
+
+def test_masked_entries_in_or_out_of_the_norm() -> None:
+    p = torch.nn.Parameter(torch.zeros(2, 2, dtype=torch.float64))
+    mask = torch.tensor([[False, False], [True, True]])
+    p.grad = torch.tensor([[3.0, 4.0], [100.0, 0.0]], dtype=torch.float64)
+    clip_groups_([[p]], (1.0,), masks={p: mask})  # norm 5 over the free entries
+    assert torch.allclose(p.grad[0], torch.tensor([0.6, 0.8], dtype=torch.float64), rtol=0, atol=1e-15)
+    p.grad = torch.tensor([[3.0, 4.0], [100.0, 0.0]], dtype=torch.float64)
+    clip_groups_([[p]], (1.0,))  # norm over every entry
+    assert torch.allclose(p.grad.norm(), torch.tensor(1.0, dtype=torch.float64))
+
+
+def test_projection_after_step_leaves_the_first_step_the_drawn_init() -> None:
+    """``after_step``: the first step's loss is the unprojected model's; ``start_and_after_step``: the projected
+    one's. Both end with the masked entries at zero."""
+    mask_sum = lambda m: sum(float(layer.P_free[0, -1].detach().abs().sum()) for layer in m.layers)  # noqa: E731
+    raw = train(_full(cls=_Masked), SAMPLE, _cfg(steps=1, eval_every=0))
+    after = train(_full(cls=_Masked), SAMPLE, _cfg(steps=3, projection="after_step", eval_every=0))
+    start = train(_full(cls=_Masked), SAMPLE, _cfg(steps=3, projection="start_and_after_step", eval_every=0))
+    assert after.history[0]["train_loss"] == raw.history[0]["train_loss"]
+    assert start.history[0]["train_loss"] != raw.history[0]["train_loss"]
+    assert mask_sum(after.model) == 0.0 and mask_sum(start.model) == 0.0
+
+
+def test_clip_masked_false_leaves_masked_gradients_out() -> None:
+    cfg = _cfg(steps=5, optimizer="sgd", clip=1e-3, clip_mode="per_group", clip_masked=False, projection="after_step")
+    a = train(_full(cls=_Masked), SAMPLE, cfg)
+    b = train(_full(cls=_Masked), SAMPLE, dataclasses.replace(cfg, clip_masked=True))
+    pa, pb = (torch.cat([p.detach().reshape(-1) for p in r.model.parameters()]) for r in (a, b))
+    assert not torch.equal(pa, pb)
+
+
+def test_declared_clip_groups_are_used_and_checked() -> None:
+    class OneGroup(LinearTransformer):
+        def clip_groups(self) -> list[list[torch.nn.Parameter]]:
+            return [list(self.parameters())]
+
+    class Missing(LinearTransformer):
+        def clip_groups(self) -> list[list[torch.nn.Parameter]]:
+            return [list(self.layers[0].parameters())]
+
+    train(_full(cls=OneGroup), SAMPLE, _cfg(steps=2, clip_thresholds=(1.0,), clip_mode="per_group"))
+    with pytest.raises(ConfigError, match="exactly once"):
+        train(_full(cls=Missing), SAMPLE, _cfg(steps=2, clip=1.0, clip_mode="per_group"))
+
+
+@pytest.mark.parametrize(
+    ("kw", "model_cls", "fragment"),
+    [
+        (dict(clip_thresholds=(1.0,), clip_mode="per_group"), LinearTransformer, "one threshold per clip group .*2"),
+        (dict(projection="after_step"), LinearTransformer, "needs a model with projection_masks"),
+        (dict(clip=1.0, clip_masked=False), LinearTransformer, "clip_masked false needs a model with projection_masks"),
+    ],
+)
+def test_protocols_the_model_cannot_state_fail_before_any_work(kw: dict, model_cls: type, fragment: str) -> None:
+    model = _full(cls=model_cls)
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(ConfigError, match=fragment):
+        train(model, SAMPLE, _cfg(steps=2, **kw))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before, strict=True))
+
+
+def test_bad_masks_are_refused() -> None:
+    class BadName(LinearTransformer):
+        def projection_masks(self) -> dict[str, torch.Tensor]:
+            return {"layers.0.nope": torch.zeros(1, 4, 4, dtype=torch.bool)}
+
+    class BadShape(LinearTransformer):
+        def projection_masks(self) -> dict[str, torch.Tensor]:
+            return {"layers.0.P_free": torch.zeros(4, 4, dtype=torch.bool)}
+
+    with pytest.raises(ConfigError, match="not a parameter"):
+        train(_full(cls=BadName), SAMPLE, _cfg(steps=1, projection="after_step"))
+    with pytest.raises(ConfigError, match=r"bool tensor of shape \(1, 4, 4\)"):
+        train(_full(cls=BadShape), SAMPLE, _cfg(steps=1, projection="after_step"))
+
+
+def test_an_ensemble_refuses_per_group_clipping() -> None:
+    from iclab.training.ensemble import Ensemble, ensemble_loss, ensemble_sampler
+
+    ens = Ensemble([_model(0), _model(1)])
+    with pytest.raises(ConfigError, match="mix the ensemble's members"):
+        train(ens, ensemble_sampler([SAMPLE, SAMPLE]), _cfg(steps=1, clip=1.0, clip_mode="per_group"),
+              loss_fn=ensemble_loss())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kw", "fragment"),
+    [
+        (dict(clip_thresholds=(1.0,)), "clip_mode must be 'per_group' when clip_thresholds is set"),
+        (dict(clip_thresholds=(1.0,), clip_mode="per_group", clip=1.0), "clip must be null when clip_thresholds"),
+        (dict(clip_thresholds=(), clip_mode="per_group"), "clip_thresholds must be null or a non-empty tuple"),
+        (dict(clip_thresholds=(0.0,), clip_mode="per_group"), "clip_thresholds must be null or a non-empty tuple"),
+        (dict(clip=1.0, clip_eps=-1.0), "clip_eps must be null or a float >= 0"),
+        (dict(clip_masked=False), "clip_masked must be true when no clip is set"),
+        (dict(projection="before"), "projection must be one of"),
+        (dict(clip_mode="per_layer"), "clip_mode must be one of"),
+    ],
+)
+def test_bad_clip_rules(kw: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        _cfg(**kw)

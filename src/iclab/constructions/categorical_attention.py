@@ -102,7 +102,7 @@ def gd_algorithm(model: CategoricalTransformer) -> CategoricalFunctionalGD:
         cfg.mode,
     )
     alpha = model.alpha.detach().expand(cfg.n_blocks, -1)
-    a = float(model.scale.detach())
+    a = float(model.kernel_scale.detach())
     return CategoricalFunctionalGD(
         cfg.kernel,
         torch.ones(cfg.n_blocks, dtype=alpha.dtype),

@@ -308,7 +308,38 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+#: Field metadata of a setting whose default leaves a config's identity unchanged (:func:`identity`).
+OMIT_DEFAULT = "iclab.omit_default"
+
+
+def added_setting(default: Any) -> Any:
+    """A dataclass field with ``default`` that leaves a config's identity unchanged while it holds that default.
+
+    For a setting added to a config after runs were made with it: the run directories (:func:`config_hash`) and
+    checkpoints made before keep matching the configs that do not use the new setting."""
+    return dataclasses.field(default=default, metadata={OMIT_DEFAULT: True})
+
+
+def identity(obj: Any) -> Any:
+    """:func:`to_dict` less the :func:`added_setting` fields that hold their default: what makes two configs the
+    same run (their hash, a checkpoint's match)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {
+            f.name: identity(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if f.init
+            and not f.name.startswith("_")
+            and not (f.metadata.get(OMIT_DEFAULT) and getattr(obj, f.name) == f.default)
+        }
+    if isinstance(obj, tuple | list):
+        return [identity(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: identity(v) for k, v in obj.items()}
+    return to_dict(obj)
+
+
 def config_hash(obj: Any, length: int = 10) -> str:
-    """A short stable hash of a config (dataclass or dict): same config, same run directory."""
-    blob = json.dumps(to_dict(obj), sort_keys=True, default=str)
+    """A short stable hash of a config (dataclass or dict): same config, same run directory. Settings added later
+    (:func:`added_setting`) count only when they differ from their default."""
+    blob = json.dumps(identity(obj), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:length]

@@ -199,17 +199,20 @@ def _cross(blk: BlockWeights, W: Tensor, zt: Tensor) -> Tensor:
     return torch.addmm(flat, torch.softmax(flat @ logits, dim=-1), values).view(zt.shape)
 
 
-def first_block(blk: BlockWeights, W: Tensor, x: Tensor, U: Tensor, n: int, *, last: bool) -> Tensor:
+def first_block(
+    blk: BlockWeights, W: Tensor, x: Tensor, U: Tensor, n: int, *, last: bool, logit_scale: float = 1.0
+) -> Tensor:
     """The first free block on the tokens (x; U; w̄_e; 0) of eq. (4)/(23): (B, T, D), or the m = T − n query tokens
     only (B, m, D) when ``last``. ``blk`` holds the block's weights (paper orientation), W = W_e (d', C), x (B, T, d),
     U (B, T, d') (any rows: the query's is 0). The keys and values are the r-wide s_i = (x_i; u_i), see the module
-    docstring."""
+    docstring. ``logit_scale``: both heads' scores × this (``CategoricalTransformerConfig.attn_logit_scale``)."""
     B, T, d = x.shape
     dp = U.shape[-1]
     r = d + dp
     R = -(-r // ALIGN) * ALIGN  # r rounded up: zero pad columns
     wbar = W.mean(1)  # (d',) w̄_e, the E slot of every token
     A = blk.W_K.mT @ blk.W_Q  # (2, D, D) e_iᵀ A_h e_j: head h's score
+    A = A * logit_scale if logit_scale != 1 else A
     V = blk.P @ blk.W_V  # (2, D, D) head h's value and output map
     src, E = slice(0, r), slice(r, r + dp)
     # q̃_hj = A_h[s,s] s_j + A_h[s,E] w̄_e, rows (target, head), padded to R: (B, T', 2R) viewed as (B, 2T', R)
@@ -228,12 +231,14 @@ def first_block(blk: BlockWeights, W: Tensor, x: Tensor, U: Tensor, n: int, *, l
     return _cross(blk, W, zt).view(B, Tt, -1)
 
 
-def query_block(blk: BlockWeights, W: Tensor, z: Tensor, n: int) -> Tensor:
-    """A free block evaluated at the m = T − n query tokens only: z (B, T, D) -> (B, m, D). Scores e_iᵀ(A_h e_q),
-    outputs V_h Σ_i p_iq e_i: the context tokens are never projected (see the module docstring)."""
+def query_block(blk: BlockWeights, W: Tensor, z: Tensor, n: int, *, logit_scale: float = 1.0) -> Tensor:
+    """A free block evaluated at the m = T − n query tokens only: z (B, T, D) -> (B, m, D). Scores e_iᵀ(A_h e_q)
+    (× ``logit_scale``), outputs V_h Σ_i p_iq e_i: the context tokens are never projected (see the module
+    docstring)."""
     B, T, D = z.shape
     ctx, zq = z.split([n, T - n], dim=1)  # (B, n, D), (B, m, D); one gradient concatenation, no zero-filled scatter
     A = blk.W_K.mT @ blk.W_Q  # (2, D, D)
+    A = A * logit_scale if logit_scale != 1 else A
     V = blk.P @ blk.W_V  # (2, D, D)
     m = T - n
     aq = (zq @ A.reshape(2 * D, D).T).view(B, 2 * m, D)  # rows (query, head): A_h e_q

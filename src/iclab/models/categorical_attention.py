@@ -65,6 +65,7 @@ from typing import Literal, cast
 import torch
 from torch import Tensor, nn
 
+from iclab.core.config import added_setting
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_int
 from iclab.models import _categorical_fast as fast
@@ -98,8 +99,18 @@ class CategoricalTransformerConfig:
     zero_last_class: bool = True  # W_e's last column fixed to 0 (App. C; (1) is shift invariant)
     step_init: float = 1.0  # GD: α_k initialised to this in every coordinate
     scale_init: float = 1.0  # GD: kernel scale a
+    #: GD: how the learned scale c enters head 1. 'a': κ(c x_i, c x_j) (W_Q = W_K = c[I_d 0]); 'logit': the
+    #: authors' PyTorch ``kernel_param``, softmax_i(c · attn_logit_scale · x_jᵀx_i), linear c x_jᵀx_i (learned), rbf
+    #: exp(−‖x_i − x_j‖²/(2c²)). The same functions (a = √(c·attn_logit_scale), √c, 1/c); Adam steps c, not a.
+    scale_param: Literal["a", "logit"] = added_setting("a")
     embed_init_std: float = 1.0  # W_e ~ N(0, std²)
     init_std: float = 0.01  # free: every matrix entry ~ N(0, std²)
+    #: free, softmax, erasure='kernel': both self-attention heads' logits (W_K e_i)ᵀ(W_Q e_j) × this (the authors'
+    #: PyTorch Trained TF divides them by √D, a scaled dot product; the paper's eq. 26-35 has no factor)
+    attn_logit_scale: float = added_setting(1.0)
+    #: free: rows of the cross-attention W_Q^c (k, D) and W_K^c (k, d'); None: k = d' (the authors' PyTorch Trained
+    #: TF: k = D, W_Q^c (D, D), W_K^c (D, d'))
+    cross_key_dim: int | None = added_setting(None)
 
     def __post_init__(self) -> None:
         for name in ("d", "d_embed", "n_blocks"):
@@ -122,6 +133,15 @@ class CategoricalTransformerConfig:
         require(self, "zero_last_class", isinstance(self.zero_last_class, bool), "a bool")
         for name in ("embed_init_std", "init_std"):
             require(self, name, float(getattr(self, name)) >= 0, "a float >= 0")
+        require(self, "attn_logit_scale", float(self.attn_logit_scale) > 0, "a float > 0")
+        require(self, "scale_param", self.scale_param in ("a", "logit"), "'a' or 'logit'")
+        require(self, "scale_param", self.scale_param == "a" or (self.mode == "gd" and self.kernel in
+                ("softmax", "linear", "rbf")), "'a' unless mode='gd' with kernel softmax, linear or rbf")  # fmt: skip
+        logit_ok = self.erasure == "kernel" if self.mode == "free" else self.scale_param == "logit"
+        require(self, "attn_logit_scale", self.attn_logit_scale == 1 or (self.kernel == "softmax" and logit_ok),
+                "1 unless kernel='softmax' and (mode='free', erasure='kernel' or mode='gd', scale_param='logit')")  # fmt: skip
+        if self.cross_key_dim is not None:
+            require_int(self, "cross_key_dim", self.cross_key_dim, 1)
 
     @property
     def D(self) -> int:
@@ -210,14 +230,15 @@ class _FreeBlock(nn.Module):
     W_Vc: Tensor
     Pc: Tensor
 
-    def __init__(self, D: int, dp: int, std: float, generator: torch.Generator | None) -> None:
+    def __init__(self, D: int, dp: int, std: float, generator: torch.Generator | None, kc: int | None = None) -> None:
         super().__init__()
+        kc = dp if kc is None else kc
 
         def p(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.randn(*shape, generator=generator) * std)
 
         self.W_Q, self.W_K, self.W_V, self.P = p(2, D, D), p(2, D, D), p(2, D, D), p(2, D, D)
-        self.W_Qc, self.W_Kc, self.W_Vc, self.Pc = p(dp, D), p(dp, dp), p(D, dp), p(D, D)
+        self.W_Qc, self.W_Kc, self.W_Vc, self.Pc = p(kc, D), p(kc, dp), p(D, dp), p(D, D)
 
 
 class CategoricalTransformer(_EmbeddingModel):
@@ -237,9 +258,12 @@ class CategoricalTransformer(_EmbeddingModel):
         n_w = 1 if cfg.shared else cfg.n_blocks
         if cfg.mode == "gd":
             self.alpha = nn.Parameter(torch.full((n_w, cfg.d_embed), float(cfg.step_init)))
-            self.scale = nn.Parameter(torch.tensor(float(cfg.scale_init)), requires_grad=cfg.kernel != "linear")
+            learned = cfg.kernel != "linear" or cfg.scale_param == "logit"
+            self.scale = nn.Parameter(torch.tensor(float(cfg.scale_init)), requires_grad=learned)
         else:
-            self.blocks = nn.ModuleList(_FreeBlock(cfg.D, cfg.d_embed, cfg.init_std, generator) for _ in range(n_w))
+            self.blocks = nn.ModuleList(
+                _FreeBlock(cfg.D, cfg.d_embed, cfg.init_std, generator, cfg.cross_key_dim) for _ in range(n_w)
+            )
 
     # -- tokens -----------------------------------------------------------------------------------------
     def embed(self, episode: Episode, points: Tensor | None = None) -> Tensor:
@@ -255,6 +279,17 @@ class CategoricalTransformer(_EmbeddingModel):
         U = torch.cat([W.T[episode.labels], W.new_zeros(q.shape[0], q.shape[1], W.shape[0])], dim=1)
         return torch.cat([episode.x, q], dim=1), U
 
+    @property
+    def kernel_scale(self) -> Tensor:
+        """GD: the input scale a of head 1, κ(a x_i, a x_j): ``scale`` itself, or its function for
+        ``scale_param='logit'`` (see :class:`CategoricalTransformerConfig`)."""
+        cfg, c = self.config, self.scale
+        if cfg.scale_param == "a":
+            return c
+        if cfg.kernel == "rbf":
+            return 1 / c
+        return (c * cfg.attn_logit_scale).sqrt() if cfg.kernel == "softmax" else c.sqrt()
+
     def _block_index(self, k: int) -> int:
         return 0 if self.config.shared else k
 
@@ -264,7 +299,7 @@ class CategoricalTransformer(_EmbeddingModel):
 
     def _gd_weights(self, z: Tensor, n: int) -> Tensor:
         """κ(a x_i, a x_j), (B, T, n) target-major: head 1's weights, the same in every block of the GD model."""
-        x = self.scale * z[..., : self.config.d]
+        x = self.kernel_scale * z[..., : self.config.d]
         return head_weights(self.config.kernel, x[:, :n], x)
 
     def _gd_block(self, z: Tensor, n: int, k: int, weights: Tensor | None = None) -> Tensor:
@@ -301,6 +336,8 @@ class CategoricalTransformer(_EmbeddingModel):
             # targets: P_h (Σ_i κ(·) W_V,h e_i) = Σ_i κ(·) (P_h W_V,h) e_i, so no per-head (B, T, D) output product
             kv = ctx @ torch.cat([blk.W_K[0], blk.P[0] @ blk.W_V[0], blk.W_K[1], blk.P[1] @ blk.W_V[1]]).T
             qs = tgt @ torch.cat([blk.W_Q[0], blk.W_Q[1]]).T
+            if cfg.attn_logit_scale != 1:
+                qs = qs * cfg.attn_logit_scale
             k1, v1, k2, v2 = kv.split(D, dim=-1)
             q1, q2 = qs.split(D, dim=-1)
             zt = tgt + kernel_head(cfg.kernel, k1, q1, v1, divide_by_n=cfg.divide_by_n)
@@ -362,10 +399,11 @@ class CategoricalTransformer(_EmbeddingModel):
 
     def _free_fast(self, episode: Episode, points: Tensor | None) -> Tensor:
         n, K, W = episode.n, self.config.n_blocks, self.W_e
-        z = fast.first_block(self._block(0), W, *self._embed_xu(episode, points), n, last=K == 1)
+        s = self.config.attn_logit_scale
+        z = fast.first_block(self._block(0), W, *self._embed_xu(episode, points), n, last=K == 1, logit_scale=s)
         for k in range(1, K - 1):
             z = self._free_block(z, n, k)
-        z = fast.query_block(self._block(K - 1), W, z, n) if K > 1 else z
+        z = fast.query_block(self._block(K - 1), W, z, n, logit_scale=s) if K > 1 else z
         return z[..., -self.config.d_embed :] @ W  # (B, m, C) readout (eq. 7)
 
     def _gd_identity_erasure(self, episode: Episode, points: Tensor | None) -> Tensor:
@@ -381,7 +419,8 @@ class CategoricalTransformer(_EmbeddingModel):
         cfg = self.config
         K, n = cfg.n_blocks, episode.n
         q = self._check(episode, points)
-        x_ctx, x_q = self.scale * episode.x, self.scale * q
+        a = self.kernel_scale
+        x_ctx, x_q = a * episode.x, a * q
         U, E = self.W_e.T[episode.labels], self.W_e.mean(1)  # (B, n, d'), (d',): every context token's E at first
         F_ctx, F_q = U.new_zeros(U.shape), U.new_zeros(*x_q.shape[:2], U.shape[-1])  # (B, n, d'), (B, m, d')
         w_q = head_weights(cfg.kernel, x_ctx, x_q)  # (B, m, n)

@@ -1,6 +1,8 @@
 """The trainer shared by every system: optimisers, schedules, clipping, checkpoints, logging."""
 
 from iclab.training.config import TrainConfig as TrainConfig
+from iclab.training.data import GivenBatches as GivenBatches
+from iclab.training.data import StepSource as StepSource
 from iclab.training.population import full_batch_gd as full_batch_gd
 from iclab.training.population import online_sgd as online_sgd
 from iclab.training.population import population_flow as population_flow

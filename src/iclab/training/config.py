@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
+from iclab.core.config import added_setting
 from iclab.core.errors import require, require_int
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs")
 SCHEDULES = ("constant", "step", "cosine")
-CLIP_MODES = ("per_matrix", "global")
+CLIP_MODES = ("per_matrix", "global", "per_group")
+PROJECTIONS = ("none", "after_step", "start_and_after_step")
 DType = Literal["float32", "float64"]
 DTYPES = ("float32", "float64")
 
@@ -21,6 +24,20 @@ class TrainConfig:
     Data: a fresh batch every ``resample_every`` steps (the paper's 100; 1 = online), or with
     ``train_size`` set, one fixed training set of that many episodes from which minibatches of
     ``batch_size`` are drawn (``batch_size == train_size``: full-batch GD).
+
+    Clipping (``clip`` or ``clip_thresholds`` set): each gradient block b of norm ‖g_b‖ is scaled by
+    min(1, c_b / (‖g_b‖ + clip_eps)). The blocks (``clip_mode``): ``per_matrix``, every (·, ·) matrix of every
+    parameter, c_b = ``clip``; ``global``, all gradients together; ``per_group``, each of the model's clip groups
+    (its ``clip_groups()``, else one group per layer of ``model.layers`` and one per other parameter:
+    :func:`iclab.training.trainer.clip_groups`) with c_b = ``clip_thresholds[b]``, or ``clip`` for every group.
+    ``clip_eps`` None keeps each mode's own rule: c/‖g‖ for ``per_matrix`` and ``per_group``, torch's
+    ``clip_grad_norm_`` c/(‖g‖ + 1e-6) for ``global``. ``clip_masked`` False leaves the gradients of the entries
+    the model holds at zero (its ``projection_masks()``) out of the norms.
+
+    Projection: a model with ``projection_masks()`` ({parameter name: bool mask of the entries held at zero}) is
+    re-masked after every optimiser step (``after_step``: the first step sees the initial weights as drawn, as
+    the authors' ``zero_row_col`` (Cheng et al. 2024) and ``zero_p`` (Ahn et al. 2023) do), and with
+    ``start_and_after_step`` also once before the first step of a fresh run.
     """
 
     steps: int = 1000
@@ -36,7 +53,15 @@ class TrainConfig:
     step_gamma: float = 0.5
     warmup_steps: int = 0  # linear warm-up before any schedule
     clip: float | None = None  # gradient-norm clip; None = off
-    clip_mode: Literal["per_matrix", "global"] = "per_matrix"  # per (·,·) block of every parameter (the paper's)
+    clip_mode: Literal["per_matrix", "global", "per_group"] = "per_matrix"  # per (·,·) block of every parameter
+    clip_thresholds: tuple[float, ...] | None = added_setting(None)  # per_group: group i clipped to clip_thresholds[i]
+    clip_eps: float | None = added_setting(
+        None
+    )  # coefficient c/(norm + clip_eps); None: the mode's own rule (class docstring)
+    clip_masked: bool = added_setting(True)  # the gradients of masked entries count in the clip norms
+    projection: Literal["none", "after_step", "start_and_after_step"] = added_setting(
+        "none"
+    )  # re-mask (class docstring)
     skip_nonfinite: bool = False  # skip (and count) steps whose gradient has an inf/NaN, as AMP's GradScaler does
     resample_every: int = 1
     train_size: int | None = None
@@ -69,6 +94,8 @@ class TrainConfig:
         require(self, "warmup_steps", self.warmup_steps >= 0, "an int >= 0")
         require(self, "clip", self.clip is None or self.clip > 0, "null or a float > 0")
         require(self, "clip_mode", self.clip_mode in CLIP_MODES, f"one of {CLIP_MODES}")
+        self._check_clip_rules()
+        require(self, "projection", self.projection in PROJECTIONS, f"one of {PROJECTIONS}")
         require(self, "resample_every", self.resample_every >= 0, "an int >= 0 (0: never resample)")
         require(
             self,
@@ -85,3 +112,30 @@ class TrainConfig:
         require(self, "lbfgs_history", self.lbfgs_history >= 1, pos)
         require(self, "lbfgs_max_iter", self.lbfgs_max_iter >= 1, pos)
         require(self, "lbfgs_line_search", self.lbfgs_line_search in (None, "strong_wolfe"), "None or 'strong_wolfe'")
+
+    def _check_clip_rules(self) -> None:
+        th = self.clip_thresholds
+        if th is not None:
+            ok = isinstance(th, tuple | list) and bool(th) and all(_positive(t) for t in th)
+            require(self, "clip_thresholds", ok, "null or a non-empty tuple of floats > 0, one per clip group")
+            object.__setattr__(self, "clip_thresholds", tuple(float(t) for t in th))
+            require(self, "clip_mode", self.clip_mode == "per_group", "'per_group' when clip_thresholds is set")
+            require(self, "clip", self.clip is None, "null when clip_thresholds is set (the thresholds are the clip)")
+        eps = self.clip_eps
+        require(self, "clip_eps", eps is None or (_real(eps) and eps >= 0), "null or a float >= 0")
+        require(self, "clip_masked", isinstance(self.clip_masked, bool), "a bool")
+        clipping = self.clip is not None or th is not None
+        require(self, "clip_masked", self.clip_masked or clipping, "true when no clip is set (nothing to clip)")
+
+    @property
+    def clipping(self) -> bool:
+        """Whether gradients are clipped (``clip`` or ``clip_thresholds`` set)."""
+        return self.clip is not None or self.clip_thresholds is not None
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _positive(v: object) -> bool:
+    return isinstance(v, int | float) and _real(v) and v > 0

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from iclab.training.config import TrainConfig
 
@@ -46,16 +47,29 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 
 
 @torch.no_grad()
-def clip_gradients(params: Iterable[nn.Parameter], max_norm: float, mode: str) -> None:
-    """Clip gradients to norm ``max_norm``.
+def clip_gradients(
+    params: Iterable[nn.Parameter],
+    max_norm: float,
+    mode: str,
+    *,
+    eps: float | None = None,
+    masks: Mapping[nn.Parameter, Tensor] | None = None,
+) -> None:
+    """Clip gradients to norm ``max_norm``: each block's gradient g is scaled by min(1, max_norm / ‖g‖).
 
     ``per_matrix``: every (·, ·) block over a parameter's last two axes is clipped on its own
     (the authors' ``clip_and_step``: each [layer, head, P/Q] d×d block); vectors and scalars are
-    clipped as one block. ``global``: one norm over all gradients (``clip_grad_norm_``).
+    clipped as one block. ``global``: one norm over all gradients (``clip_grad_norm_``, whose rule is
+    max_norm / (‖g‖ + 1e-6)). ``eps``: the rule max_norm / (‖g‖ + eps) in either mode; None keeps the mode's
+    own. ``masks`` ({parameter: bool mask}): the masked entries are left out of the norms (they are scaled
+    with their block all the same).
     Parameters flagged ``ensemble_axis`` (an :class:`~iclab.training.ensemble.Ensemble`'s stacked
     weights) keep axis 0 as the member: the blocks are those of each member alone.
     """
     with_grad = [p for p in params if p.grad is not None]
+    if eps is not None or masks:
+        _clip_with_rule(with_grad, max_norm, mode, 0.0 if eps is None and mode != "global" else eps, masks or {})
+        return
     if mode == "global":
         torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
         return
@@ -68,3 +82,63 @@ def clip_gradients(params: Iterable[nn.Parameter], max_norm: float, mode: str) -
         else:  # a vector or scalar (per member): one block
             norms = g.norm(dim=tuple(range(lead, g.dim())), keepdim=True) if g.dim() > lead else g.abs()
         g.mul_((max_norm / norms.clamp_min(1e-30)).clamp(max=1.0))
+
+
+def _coefficient(max_norm: float, norm: Tensor, eps: float) -> Tensor:
+    """min(1, max_norm / (norm + eps)) elementwise, one IEEE division (``max_norm / t`` would be ``t⁻¹ · max_norm``);
+    a zero norm gives 1."""
+    return torch.full_like(norm, max_norm).div_(norm + eps).nan_to_num_(nan=1.0).clamp_(max=1.0)
+
+
+def _clip_with_rule(
+    with_grad: list[nn.Parameter], max_norm: float, mode: str, eps: float | None, masks: Mapping[nn.Parameter, Tensor]
+) -> None:
+    """:func:`clip_gradients` with a stated coefficient rule and/or masked entries left out of the norms."""
+
+    def counted(p: nn.Parameter) -> Tensor:
+        g = p.grad
+        assert g is not None  # with_grad
+        m = masks.get(p)
+        return g if m is None else g.masked_fill(m, 0)
+
+    if mode == "global":
+        total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(counted(p)) for p in with_grad]))
+        coef = _coefficient(max_norm, total, 1e-6 if eps is None else eps)
+        for p in with_grad:
+            cast(Tensor, p.grad).mul_(coef)
+        return
+    assert eps is not None  # clip_gradients passes 0 for the per-matrix rule
+    for p in with_grad:
+        g = counted(p)
+        lead = 1 if getattr(p, "ensemble_axis", False) else 0
+        if g.dim() - lead >= 2:
+            norms = torch.linalg.matrix_norm(g, keepdim=True)  # (..., 1, 1)
+        else:
+            norms = g.norm(dim=tuple(range(lead, g.dim())), keepdim=True) if g.dim() > lead else g.abs()
+        cast(Tensor, p.grad).mul_(_coefficient(max_norm, norms, eps))
+
+
+@torch.no_grad()
+def clip_groups_(
+    groups: Sequence[Sequence[nn.Parameter]],
+    thresholds: Sequence[float],
+    *,
+    eps: float = 0.0,
+    masks: Mapping[nn.Parameter, Tensor] | None = None,
+) -> None:
+    """Clip each group's gradients as one vector: group i's are scaled by min(1, thresholds[i] / (‖g_i‖ + eps)).
+
+    ‖g_i‖ is the norm of the group's gradients laid end to end (one parameter: its own norm, as
+    ``grad[i].norm()`` in Cheng et al. 2024's ``clip_and_step``, which clips layer i of their stacked
+    parameter to 10⁻⁸/(9 − i)²); ``masks`` ({parameter: bool mask}) leave the masked entries out of it.
+    """
+    masks = masks or {}
+    for group, c in zip(groups, thresholds, strict=False):
+        grads = [(p, p.grad) for p in group if p.grad is not None]
+        if not grads:
+            continue
+        parts = [g if p not in masks else g.masked_fill(masks[p], 0) for p, g in grads]
+        flat = parts[0] if len(parts) == 1 else torch.cat([g.reshape(-1) for g in parts])
+        coef = _coefficient(c, torch.linalg.vector_norm(flat), eps)
+        for _, g in grads:
+            g.mul_(coef)

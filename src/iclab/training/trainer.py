@@ -4,7 +4,9 @@
 
 Randomness is stateless per step: the batch used at step t comes from
 ``generator(derive_seed(seed, "data", t0))`` with t0 the last resampling step, so an interrupted
-run resumes bit-for-bit from its last checkpoint without saving generator states.
+run resumes bit-for-bit from its last checkpoint without saving generator states. A data source
+told the step (:class:`~iclab.training.data.StepSource`, e.g. :class:`~iclab.training.GivenBatches`)
+is read by step in place of the sampler (:mod:`iclab.training.data`).
 """
 
 from __future__ import annotations
@@ -23,15 +25,16 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from torch import Tensor, nn
 
-from iclab.core.config import to_dict
+from iclab.core.config import identity
 from iclab.core.episode import Episode
-from iclab.core.errors import CorruptFileError, DivergenceError, OutputError
+from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, OutputError
 from iclab.core.io import atomic_torch_save, atomic_write_text, quarantine, rotate, safe_torch_load
 from iclab.core.learner import Learner
 from iclab.core.memory import activation_factor, check_fits
 from iclab.core.seeding import derive_seed, generator
 from iclab.training.config import TrainConfig
-from iclab.training.optim import clip_gradients, lr_factor, make_optimizer
+from iclab.training.data import StepSource
+from iclab.training.optim import clip_gradients, clip_groups_, lr_factor, make_optimizer
 from iclab.training.results import StepTiming as StepTiming
 from iclab.training.results import TrainResult as TrainResult
 
@@ -53,11 +56,15 @@ def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
 
 
 class _Data:
-    """The batch for step t, deterministic in (seed, t)."""
+    """The batch for step t, deterministic in (seed, t): drawn from a sampler, or read from a step source."""
 
-    def __init__(self, sample: Sampler, cfg: TrainConfig, device: torch.device, dtype: torch.dtype) -> None:
-        self.sample, self.cfg, self.device, self.dtype = sample, cfg, device, dtype
+    def __init__(
+        self, sample: Sampler | StepSource, cfg: TrainConfig, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        self.source = sample if isinstance(sample, StepSource) else None  # checked by _Run before any work
+        self.sample, self.cfg, self.device, self.dtype = cast(Sampler, sample), cfg, device, dtype
         self._key: int | None = None
+        self._raw: Episode | None = None  # the step source's last batch, before the cast
         self._batch: Episode | None = None
         self._fixed: Episode | None = None
         self.draws = 0  # training batches (or the fixed set) drawn so far
@@ -71,8 +78,27 @@ class _Data:
         ep = self.sample(batch, generator=generator(derive_seed(self.cfg.seed, *names), self.device), dtype=self.dtype)
         return ep if ep.dtype == self.dtype else ep.to(dtype=self.dtype)
 
+    def probe(self) -> Episode:
+        """One episode (or a sampler's fixed set) whose bytes :func:`_check_memory` measures."""
+        if self.source is not None:
+            return self.source.at(0, self.cfg)[:1]
+        return self._draw(1, "memory-probe")
+
+    def test(self) -> Episode:
+        """The test set when :func:`train` is given none: the source's, or drawn from the sampler."""
+        if self.source is not None:
+            return self.source.test(self.cfg)
+        return self._draw(self.cfg.eval_batch, "test")
+
     def at(self, step: int) -> Episode:
         cfg = self.cfg
+        if self.source is not None:
+            raw = self.source.at(step, cfg)
+            if raw is not self._raw:  # a new batch: cast once
+                self._raw, self._batch = raw, raw.to(device=self.device, dtype=self.dtype)
+                self.draws += 1
+            assert self._batch is not None
+            return self._batch
         if cfg.train_size is not None:
             if self._fixed is None:
                 self._fixed = self._draw(cfg.train_size, "train-set")
@@ -109,7 +135,7 @@ def _progress_bar(enabled: bool, shared: Progress | None) -> Iterator[Progress |
 
 def train(
     model: nn.Module,
-    sample: Sampler,
+    sample: Sampler | StepSource,
     config: TrainConfig,
     *,
     out_dir: str | Path | None = None,
@@ -121,6 +147,10 @@ def train(
     description: str = "train",
 ) -> TrainResult:
     """Train ``model`` in place on batches from ``sample`` and return its history.
+
+    ``sample``: a sampler ``sample(batch, *, generator, dtype)`` the trainer seeds per step, or a source told
+    the step (:class:`~iclab.training.data.StepSource`): ``train(model, GivenBatches(batches), config)`` trains
+    step t on ``batches[t // config.resample_every]`` (:mod:`iclab.training.data`).
 
     With ``out_dir`` the run checkpoints there every ``config.checkpoint_every`` steps (atomic
     writes) and resumes from the last checkpoint if one exists for the same config; a finished
@@ -147,7 +177,7 @@ class _Run:
     def __init__(
         self,
         model: nn.Module,
-        sample: Sampler,
+        sample: Sampler | StepSource,
         cfg: TrainConfig,
         out_dir: str | Path | None,
         device: torch.device | str,
@@ -156,28 +186,35 @@ class _Run:
         snapshot_fn: SnapshotFn | None,
         description: str,
     ) -> None:
-        """Set up and validate: the model may refuse the config (e.g. an Ensemble refuses L-BFGS and global clipping);
-        it is moved to ``device`` in ``cfg.dtype``; the optimiser takes its trainable parameters (there must be some);
+        """Set up and validate: the model may refuse the config (e.g. an Ensemble refuses L-BFGS and global clipping),
+        and so may a step source (:meth:`~iclab.training.data.StepSource.check`); the model's clip groups and
+        projection masks are checked when the config uses them; all before the model is moved to ``device`` in
+        ``cfg.dtype``. The optimiser takes its trainable parameters (there must be some);
         a batch that cannot fit in memory is refused before it is drawn; the test set is drawn unless given."""
         check = getattr(model, "check_train_config", None)
         if check is not None:
             check(cfg)
-        self.device = torch.device(device)
-        dtype = getattr(torch, cfg.dtype)
-        model.to(device=self.device, dtype=dtype)
+        if isinstance(sample, StepSource):
+            sample.check(cfg)
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError(f"{type(model).__name__} has no trainable parameters")
+        self.groups = _checked_groups(model, self.params, cfg) if cfg.clip_mode == "per_group" and cfg.clipping else []
+        masks = _checked_masks(model, cfg) if cfg.projection != "none" or not cfg.clip_masked else {}
+        self.device = torch.device(device)
+        dtype = getattr(torch, cfg.dtype)
+        model.to(device=self.device, dtype=dtype)  # in place: the parameters, and so the groups' and masks' keys, stay
+        self.masks = {p: m.to(self.device) for p, m in masks.items()}
         self.opt = make_optimizer(self.params, cfg)
         self.data = _Data(sample, cfg, self.device, dtype)
         _check_memory(self.data, cfg, self.device, description, _depth(model))
-        test = test_episode if test_episode is not None else self.data._draw(cfg.eval_batch, "test")
+        test = test_episode if test_episode is not None else self.data.test()
         self.test = test.to(device=self.device, dtype=dtype)
         self.model, self.cfg, self.loss_fn, self.snapshot_fn, self.description = (
             model, cfg, loss_fn, snapshot_fn, description
         )  # fmt: skip
         self.out = Path(out_dir) if out_dir is not None else None
-        self.cfg_dict = to_dict(cfg)
+        self.cfg_dict = identity(cfg)  # a checkpoint matches the configs of the same run (core.config.identity)
         self.history: list[dict[str, float]] = []
         self.snaps: dict[str, list[Tensor]] = {}
         self.snap_steps: list[int] = []
@@ -222,6 +259,8 @@ class _Run:
         seconds). Under ``progress`` when a caller shares its bar, else a bar of its own when ``cfg.progress``."""
         cfg = self.cfg
         if self.start == 0:
+            if cfg.projection == "start_and_after_step":
+                self.project()
             self.record_snapshot(0)
         with _progress_bar(cfg.progress, progress) as bar:
             task_id = bar.add_task(self.description, total=cfg.steps, completed=self.start) if bar is not None else None
@@ -242,8 +281,10 @@ class _Run:
                 bar.remove_task(task_id)
 
     def step(self, step: int) -> tuple[Tensor, float, bool]:
-        """One optimiser step on ``step``'s batch at ``step``'s learning rate, the gradients clipped when ``cfg.clip``;
-        with ``cfg.skip_nonfinite`` a non-finite gradient skips the update. Returns (the loss before the update, the
+        """One optimiser step on ``step``'s batch at ``step``'s learning rate, the gradients clipped when ``cfg.clip``
+        or ``cfg.clip_thresholds`` is set (:meth:`clip`) and the masked entries re-zeroed after the update when
+        ``cfg.projection`` asks (:meth:`project`); with ``cfg.skip_nonfinite`` a non-finite gradient skips the update
+        (and the projection). Returns (the loss before the update, the
         learning rate, whether the update was skipped). Its host time goes to ``step_times``, and the drawing of a
         new batch, timed apart, to ``draw_times``."""
         cfg, opt, params, model = self.cfg, self.opt, self.params, self.model
@@ -264,12 +305,13 @@ class _Run:
                 opt.zero_grad(set_to_none=True)
                 loss = self.loss_fn(model, batch)
                 loss.backward()
-                if cfg.clip is not None:
-                    clip_gradients(params, cfg.clip, cfg.clip_mode)
+                self.clip()
                 return loss
 
             # torch.optim types a closure as returning a float; LBFGS's returns (and step passes on) the Tensor loss
             loss = cast(Tensor, opt.step(closure))  # type: ignore[arg-type]  # the closure returns a Tensor
+            if cfg.projection != "none":
+                self.project()
         else:
             opt.zero_grad(set_to_none=True)
             loss = self.loss_fn(model, batch)
@@ -279,11 +321,32 @@ class _Run:
                 self.skipped += 1
                 skipped_now = True
             else:
-                if cfg.clip is not None:
-                    clip_gradients(params, cfg.clip, cfg.clip_mode)
+                self.clip()
                 opt.step()
+                if cfg.projection != "none":
+                    self.project()
         self.step_times.append(time.perf_counter() - t_step - t_draw)
         return loss, lr, skipped_now
+
+    def clip(self) -> None:
+        """Clip the gradients as ``cfg`` says (:class:`~iclab.training.TrainConfig`): per matrix, globally, or per clip
+        group (:func:`clip_groups`) to its threshold, with the config's coefficient rule, the masked entries in or out
+        of the norms."""
+        cfg = self.cfg
+        if not cfg.clipping:
+            return
+        masks = None if cfg.clip_masked else self.masks
+        if cfg.clip_mode == "per_group":
+            thresholds = cfg.clip_thresholds or (cast(float, cfg.clip),) * len(self.groups)
+            clip_groups_(self.groups, thresholds, eps=cfg.clip_eps or 0.0, masks=masks)
+        else:
+            clip_gradients(self.params, cast(float, cfg.clip), cfg.clip_mode, eps=cfg.clip_eps, masks=masks)
+
+    @torch.no_grad()
+    def project(self) -> None:
+        """Zero the entries the model holds at zero (its ``projection_masks()``), in place."""
+        for p, mask in self.masks.items():
+            p.masked_fill_(mask, 0)
 
     def log(self, step: int, loss: Tensor, lr: float, skipped_now: bool) -> dict[str, float] | None:
         """The metrics row of ``step`` when one is due (every ``log_every`` steps; with the test loss every
@@ -390,6 +453,68 @@ class _Run:
         )
 
 
+def clip_groups(model: nn.Module) -> list[list[nn.Parameter]]:
+    """The clip groups of ``model`` for ``clip_mode='per_group'``, in threshold order.
+
+    A model declares its own with a ``clip_groups()`` method returning lists of parameters (group i is clipped to
+    ``clip_thresholds[i]``). Without one: one group per element of ``model.layers`` (an ``nn.ModuleList``, as
+    every iclab stack has: layer i's parameters together, as Cheng et al. 2024 clip layer i), then one group per
+    parameter outside the layers; a model without ``layers``: one group per parameter."""
+    declared = getattr(model, "clip_groups", None)
+    if callable(declared):
+        return [list(g) for g in declared()]
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        return [[p] for p in model.parameters()]
+    groups = [list(layer.parameters()) for layer in layers]
+    inside = {id(p) for g in groups for p in g}
+    return groups + [[p] for p in model.parameters() if id(p) not in inside]
+
+
+def _checked_groups(model: nn.Module, params: list[nn.Parameter], cfg: TrainConfig) -> list[list[nn.Parameter]]:
+    """:func:`clip_groups` restricted to the trainable parameters, refused before any work when a trainable
+    parameter is in no group or in two, when there are fewer thresholds than groups, or for an Ensemble (one group
+    norm would mix its members)."""
+    name = type(model).__name__
+    if any(getattr(p, "ensemble_axis", False) for p in params):
+        raise ConfigError(
+            f"TrainConfig.clip_mode 'per_group' cannot train {name}: a group's norm would mix the ensemble's members"
+        )
+    trainable = {id(p) for p in params}
+    groups = [[p for p in g if id(p) in trainable] for g in clip_groups(model)]
+    counts: dict[int, int] = {}
+    for p in (p for g in groups for p in g):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    if any(counts.get(id(p), 0) != 1 for p in params):
+        raise ConfigError(f"{name}.clip_groups() must hold every trainable parameter exactly once")
+    if cfg.clip_thresholds is not None and len(cfg.clip_thresholds) < len(groups):
+        raise ConfigError(
+            f"TrainConfig.clip_thresholds must give one threshold per clip group of {name} ({len(groups)}); "
+            f"got {len(cfg.clip_thresholds)}"
+        )
+    return groups
+
+
+def _checked_masks(model: nn.Module, cfg: TrainConfig) -> dict[nn.Parameter, Tensor]:
+    """The model's ``projection_masks()`` ({parameter name: bool mask of its shape}) as {parameter: mask}, refused
+    before any work when the model declares none or a name or shape does not match."""
+    name = type(model).__name__
+    declared = getattr(model, "projection_masks", None)
+    why = f"projection {cfg.projection!r}" if cfg.projection != "none" else "clip_masked false"
+    if not callable(declared):
+        raise ConfigError(f"TrainConfig.{why} needs a model with projection_masks(); {name} has none")
+    named = dict(model.named_parameters())
+    out: dict[nn.Parameter, Tensor] = {}
+    for key, mask in declared().items():
+        p = named.get(key)
+        if p is None:
+            raise ConfigError(f"{name}.projection_masks() names {key!r}, which is not a parameter of {name}")
+        if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != p.shape:
+            raise ConfigError(f"{name}.projection_masks()[{key!r}] must be a bool tensor of shape {tuple(p.shape)}")
+        out[p] = mask
+    return out
+
+
 def _load_checkpoint(out: Path, device: torch.device) -> dict[str, Any] | None:
     """The newest checkpoint in ``out`` that verifies: ``checkpoint.pt``, else ``checkpoint.prev.pt``, else None.
 
@@ -459,7 +584,7 @@ def _depth(model: nn.Module) -> int:
 def _check_memory(data: _Data, cfg: TrainConfig, device: torch.device, description: str, depth: int) -> None:
     """Refuse a batch that cannot fit (``iclab.core.memory``) before it is allocated: one episode is drawn to
     measure its bytes."""
-    one = data._draw(1, "memory-probe")  # a sampler over a fixed set may return more than one episode
+    one = data.probe()  # a sampler over a fixed set may return more than one episode
     per = sum(v.numel() * v.element_size() for v in vars(one).values() if isinstance(v, Tensor)) // one.batch_size
     owner = "train" if description == "train" else f"{description}.train"
     for field_name, n, factor in (

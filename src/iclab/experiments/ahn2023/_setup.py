@@ -118,12 +118,15 @@ def training_run(
     n: int | None = None,
     n_layers: int | None = None,
     snapshot: bool = True,
+    train: TrainConfig | None = None,
 ) -> TrainingRun:
-    """One linear transformer trained on ``task`` for one seed (init ``derive_seed(seed, "init")``)."""
+    """One linear transformer trained on ``task`` for one seed (init ``derive_seed(seed, "init")``), by ``train``
+    (default ``setup.train``)."""
     model = LinearTransformerConfig(
         d=task.d, n_layers=n_layers or setup.n_layers, pattern=pattern, init_std=setup.init_std
     )
-    train = dataclasses.replace(setup.train, checkpoint_every=max(1, setup.train.steps // 10), progress=True)
+    train = train or setup.train
+    train = dataclasses.replace(train, checkpoint_every=max(1, train.steps // 10), progress=True)
     return TrainingRun(
         name=name,
         model=ModelSpec(LinearTransformer, model),
@@ -301,6 +304,10 @@ class BaselineConfig(LinearSetup):
             "0 unless train.snapshot_every > 0 (it selects among the parameter snapshots)",
         )
 
+    def train_for(self, n: int, L: int) -> TrainConfig:
+        """The trainer of the (n, L) point: ``train`` (a card whose authors change it by point overrides this)."""
+        return self.train
+
 
 @dataclass
 class Baselines:
@@ -377,16 +384,19 @@ def select_snapshot(result: TrainResult, last: int, val: Any) -> tuple[LinearTra
 
 
 def compare(cfg: BaselineConfig, ctx: RunContext, points: list[tuple[int, int]], by: str) -> list[ComparisonRow]:
-    """For each (n, L) in ``points`` and each seed: one pattern-(11) transformer trained on the seed's task (all
-    runs executed together, named ``n<n>-seed<s>`` or ``L<L>-seed<s>`` by ``by``), then the baselines on the
-    seed's task and the transformer's loss on the same test episode."""
+    """For each (n, L) in ``points`` and each seed: one pattern-(11) transformer trained on the seed's task by
+    ``cfg.train_for(n, L)`` (all runs executed together, named ``n<n>-seed<s>`` or ``L<L>-seed<s>`` by ``by``),
+    then the baselines on the seed's task and the transformer's loss on the same test episode."""
     jobs, runs = [], []
     for n, L in points:
         for s in range(cfg.seeds):
             task = make_task(cfg, s, "inverse_covariance")
             jobs.append((n, L, s, task))
             name = f"{by}{n if by == 'n' else L}-seed{s}"
-            run = training_run(cfg, name=name, seed=s, task=task, pattern="pattern11", n=n, n_layers=L, snapshot=False)
+            train = cfg.train_for(n, L)
+            run = training_run(
+                cfg, name=name, seed=s, task=task, pattern="pattern11", n=n, n_layers=L, snapshot=False, train=train
+            )
             if cfg.select_last:
                 run = dataclasses.replace(run, snapshot=_parameters)
             runs.append(run)

@@ -14,6 +14,11 @@ Claims:
 Time on 2 CPU cores: quick 21 s; paper 927 s (4/4 claims, Dist(Σ^½A_iΣ^½, I) = 0.016).
 
 What did not match: nothing; "almost 0" in Fig. 1d is the S-optimum 0.134 (docs/papers/ahn2023.md, docs/errata.md).
+
+P = 0 from the start: the authors' P = 0 notebook (rotation demonstration-Adam-p0) draws P with Q (std 1e-4) and
+zeroes it after every step, so its first step sees the random P; pattern (8) here has no P at all. On the same
+batches the two loss curves differ by 2e-7 relative over 300 steps (tests/test_authors_trajectories.py, which also
+shows the authors' loop with P zeroed before step 0 equal to this card's trainer to 1e-14).
 """
 
 from __future__ import annotations

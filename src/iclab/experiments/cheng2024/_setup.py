@@ -12,6 +12,10 @@ Where the paper is silent the choices are recorded in docs/papers/cheng2024.md:
 Adam (β = (0.9, 0.999)) with a cosine schedule and per-matrix clipping 1.0, lr 0.01, init N(0, 0.1²)
 (the authors' code), the authors' 1/n factor on every head (a re-scaling of r and A that keeps Adam's
 steps O(1) for all n), exp kernel σ = 1 (the paper, not the code's √2), float32 training.
+
+``protocol=authors`` trains instead with the authors' own loop (``run_exp`` of their run-exp.ipynb):
+:func:`authors_train`'s optimiser and clipping on :class:`MaskedKernelTransformer`, their parameterisation
+(tests/test_authors_trajectories.py holds it equal to their code, step for step).
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ import torch
 from torch import Tensor, nn
 
 from iclab.algorithms import GaussianProcessPosterior
+from iclab.core.config import added_setting
 from iclab.core.episode import Episode
 from iclab.core.errors import is_int, require, require_int
 from iclab.core.kernels import CompositeKernel, Kernel
 from iclab.core.seeding import derive_seed, generator
+from iclab.experiments.cheng2024._protocols import MaskedKernelTransformer as MaskedKernelTransformer
+from iclab.experiments.cheng2024._protocols import authors_train as authors_train
+from iclab.experiments.cheng2024._protocols import paper_train as paper_train
 from iclab.experiments.registry import ClaimResult, RunContext, check
 from iclab.models.kernel_attention import KernelTransformer, KernelTransformerConfig
 from iclab.plotting import band
@@ -47,27 +55,6 @@ BAYES_RISK = {
     "relu": {2: 0.805, 4: 0.618, 6: 0.443, 8: 0.312, 10: 0.243, 12: 0.206, 14: 0.181, 30: 0.117},
     "exp": {2: 1.876, 4: 1.444, 6: 1.151, 8: 0.955, 10: 0.796, 12: 0.679, 14: 0.587, 30: 0.222},
 }
-
-
-def paper_train(**changes: Any) -> TrainConfig:
-    """App. H.1's trainer ("Adam with gradient clipping", batch 30 000 resampled every 10 steps); the paper
-    leaves the rest open and the values are our choices (docs/papers/cheng2024.md)."""
-    base = TrainConfig(
-        steps=3000,  # "after convergence" (H.1); not measured at the paper batch here
-        batch_size=30_000,
-        resample_every=10,
-        optimizer="adam",
-        lr=0.01,
-        betas=(0.9, 0.999),
-        schedule="cosine",
-        clip=1.0,
-        clip_mode="per_matrix",
-        eval_every=100,
-        eval_batch=4096,
-        snapshot_every=0,
-        dtype="float32",
-    )
-    return dataclasses.replace(base, **changes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,8 +75,12 @@ class GPSetup:
     exp_logit_cap: float | None = 20.0  # exp heads compute exp(min(s, 20)): float32 overflow guard (docs/errata.md)
     test_batch: int = 30_000  # float64 test set per (seed, K, n): model and Bayes losses
     train: TrainConfig = field(default_factory=paper_train)
+    #: "paper": ``train`` as given; "authors": the authors' loop (:func:`authors_train` over ``train``, their masked
+    #: full-matrix model, 1/n on every head, lr 0.1 for every model, no logit cap)
+    protocol: Literal["paper", "authors"] = added_setting("paper")
 
     def __post_init__(self) -> None:
+        require(self, "protocol", self.protocol in ("paper", "authors"), "'paper' or 'authors'")
         require_int(self, "seeds", self.seeds, 1)
         require_int(self, "d", self.d, 1)
         require_int(self, "n", self.n, 1)
@@ -208,7 +199,8 @@ def model_job(
     """The training run of one model on seed ``seed``'s K-GP with ``n`` demonstrations.
 
     The 1/n factor is on every head but softmax (which already averages over the n sources); models with an
-    exp head train at ``exp_lr`` (unbounded scores); the init draws from ``("init", name)`` of the seed."""
+    exp head train at ``exp_lr`` (unbounded scores); the init draws from ``("init", name)`` of the seed. With
+    ``setup.protocol == 'authors'`` the model is :class:`MaskedKernelTransformer` trained by :func:`authors_train`."""
     value = setup.value if value is None else value
     task = make_task(setup, seed, kernel)
     mcfg = KernelTransformerConfig(
@@ -222,9 +214,14 @@ def model_job(
     )
     lr = setup.exp_lr if "exp" in activations and setup.exp_lr is not None else setup.train.lr
     train = dataclasses.replace(setup.train, lr=lr, checkpoint_every=max(1, setup.train.steps // 5))
+    spec = ModelSpec(KernelTransformer, mcfg)
+    if setup.protocol == "authors":  # their loop: every head / n, lr 0.1 for every model, no cap
+        mcfg = dataclasses.replace(mcfg, value="full", qk="full", divide_by_n=True, exp_logit_cap=None)
+        spec = ModelSpec(MaskedKernelTransformer, mcfg, kwargs={"pattern": value})
+        train = authors_train(train)
     run = TrainingRun(
         name=name,
-        model=ModelSpec(KernelTransformer, mcfg),
+        model=spec,
         task=functools.partial(task.sample, n=n),
         train=train,
         seed=seed,

@@ -69,6 +69,8 @@ SMOKE_STAIRS = dict(
     regime="population", seeds=2, steps=200, lr=0.5, eval_every=10, claim_all_drops=False, claim_rank_rule=False
 )
 QUICK_D8 = dict(POPULATION, seeds=4, w_init=0.1, lr=1.0, steps=40_000, eval_every=20, level_atol=5e-3)
+#: Figs 11 and 13 (d = 4): the paper's init and a larger step, plateau levels to 2e-4
+QUICK_D4 = dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4)
 
 
 @dataclass(kw_only=True)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from iclab.experiments.registry import card
 from iclab.experiments.zhang2025._staircase import (
-    POPULATION,
+    QUICK_D4,
     SMOKE_STAIRS,
     StaircaseConfig,
     claims_staircase,
@@ -40,10 +40,9 @@ class Fig11Config(StaircaseConfig):
 
 
 run, plot, claims = run_staircase, functools.partial(plot_staircase, name="fig11"), claims_staircase
-QUICK = dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4)
 CARD = card(
     Fig11Config,
     "Fig. 11: a new value weight grows exactly at the drops M_m → M_{m+1} with m a multiple of R",
     smoke=dict(SMOKE_STAIRS, ranks=(2,)),
-    quick=QUICK,
+    quick=QUICK_D4,
 )

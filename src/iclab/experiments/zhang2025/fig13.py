@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from iclab.experiments.registry import ClaimResult, card, check
 from iclab.experiments.zhang2025._staircase import (
-    POPULATION,
+    QUICK_D4,
     SMOKE_STAIRS,
     StaircaseConfig,
     StaircaseResults,
@@ -62,10 +62,9 @@ def claims(results: StaircaseResults, cfg: Fig13Config) -> list[ClaimResult]:
 
 
 run, plot = run_staircase, functools.partial(plot_staircase, name="fig13")
-QUICK = dict(POPULATION, w_init=0.05, lr=0.25, steps=60_000, eval_every=20, level_atol=2e-4)
 CARD = card(
     Fig13Config,
     "Fig. 13: repeated eigenvalues (.35,.35,.15,.15): plateaus still at eq. (19) levels, some skipped",
     smoke=dict(SMOKE_STAIRS, ranks=(1,)),
-    quick=QUICK,
+    quick=QUICK_D4,
 )
