@@ -89,17 +89,11 @@ def _authors_part(out: Path, epochs: dict[str, int], sym_epochs: int, threads: i
         finally:
             sys.argv = saved
 
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from authors_fixtures import zhang_train
+
     def run_train(model: Any, data: dict[str, Any], popts: Any) -> list[float]:
-        here = os.getcwd()
-        with tempfile.TemporaryDirectory() as tmp:
-            os.chdir(tmp)
-            try:
-                with contextlib.redirect_stdout(io.StringIO()):
-                    ptrain.train(model, data, popts)
-                (curve,) = [f for f in os.listdir(tmp) if f.endswith(".txt")]
-                return np.atleast_1d(np.loadtxt(curve)).tolist()
-            finally:
-                os.chdir(here)
+        return zhang_train(ptrain, model, data, popts)
 
     def flip_y(t: Any, d: int) -> Any:
         f = t.clone()

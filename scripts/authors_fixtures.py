@@ -396,6 +396,28 @@ def _ahn_save(args: argparse.Namespace, name: str, record: dict[str, Any]) -> Pa
     return out
 
 
+def zhang_train(ptrain: Any, model: Any, data: dict[str, Any], popts: Any) -> list[float]:
+    """Zhang et al.'s ``train.train(model, data, popts)`` (their module ``ptrain``), run in a scratch directory, and
+    the loss curve it writes there (``np.savetxt``, one value per epoch) read back."""
+    import contextlib
+    import io
+    import os
+    import tempfile
+
+    import numpy as np
+
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                ptrain.train(model, data, popts)
+            (curve,) = [f for f in os.listdir(tmp) if f.endswith(".txt")]
+            return list(np.atleast_1d(np.loadtxt(curve)).tolist())
+        finally:
+            os.chdir(here)
+
+
 def zhang2025(args: argparse.Namespace) -> Path:
     """Zhang, Singh, Latham, Saxe 2025 (linattn-icl): their ``train.train`` itself, untouched, on the token route of
     Fig. 5 (ATTN_S: softmax attention, separate rank-one key and query, H = 5, D = 4, sequences of 32 tokens with
@@ -406,8 +428,6 @@ def zhang2025(args: argparse.Namespace) -> Path:
     """
     import contextlib
     import io
-    import os
-    import tempfile
 
     import numpy as np
     import torch
@@ -439,16 +459,7 @@ def zhang2025(args: argparse.Namespace) -> Path:
     with contextlib.redirect_stdout(io.StringIO()):
         model = ptrain.creat_network(popts)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
-    here = os.getcwd()
-    with tempfile.TemporaryDirectory() as tmp:
-        os.chdir(tmp)
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                ptrain.train(model, data, popts)
-            (curve,) = [f for f in os.listdir(tmp) if f.endswith(".txt")]
-            losses = np.loadtxt(curve).tolist()
-        finally:
-            os.chdir(here)
+    losses = zhang_train(ptrain, model, data, popts)
     final = {k: v.detach().clone() for k, v in model.named_parameters()}
     config = dict(argv=argv, figure="Fig. 5 (ATTN_S, softmax)", d=popts.in_dim, tokens=popts.seq_len,
                   heads=popts.head_num, rank=popts.rank, P=popts.trainset_size, init=popts.init, lr=popts.lr,

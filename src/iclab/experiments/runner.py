@@ -90,7 +90,7 @@ def resolve_config(
     return from_dict(exp.config, data, owner=exp.name)
 
 
-def judge(exp: Experiment, preset: str, claims: list[ClaimResult]) -> list[ClaimResult]:
+def judge(preset: str, claims: list[ClaimResult]) -> list[ClaimResult]:
     """At ``smoke``, report the claims that carry a ``smoke_reason`` as not checked, with that reason."""
     if preset != "smoke":
         return claims
@@ -175,7 +175,7 @@ def _run_locked(
                 "kept: free space and run the same command again"
             ) from e
     figures = exp.plot(results, cfg, run_dir)
-    claims = judge(exp, preset, exp.claims(results, cfg))
+    claims = judge(preset, exp.claims(results, cfg))
     seconds = time.perf_counter() - t0
     if reused:
         with contextlib.suppress(CorruptFileError):  # a damaged summary only loses the first run's time

@@ -76,12 +76,17 @@ def clip_gradients(
     for p in with_grad:
         g = p.grad
         assert g is not None  # with_grad
-        lead = 1 if getattr(p, "ensemble_axis", False) else 0
-        if g.dim() - lead >= 2:
-            norms = torch.linalg.matrix_norm(g, keepdim=True)  # (..., 1, 1)
-        else:  # a vector or scalar (per member): one block
-            norms = g.norm(dim=tuple(range(lead, g.dim())), keepdim=True) if g.dim() > lead else g.abs()
-        g.mul_((max_norm / norms.clamp_min(1e-30)).clamp(max=1.0))
+        g.mul_((max_norm / _block_norms(p, g).clamp_min(1e-30)).clamp(max=1.0))
+
+
+def _block_norms(p: nn.Parameter, g: Tensor) -> Tensor:
+    """The per-matrix norms of ``p``'s gradient ``g``, broadcastable to it: one per (·, ·) block over the last two
+    axes, or one for a vector or scalar (per member of an ensemble's ``ensemble_axis``)."""
+    lead = 1 if getattr(p, "ensemble_axis", False) else 0
+    if g.dim() - lead >= 2:
+        norms: Tensor = torch.linalg.matrix_norm(g, keepdim=True)  # (..., 1, 1)
+        return norms
+    return g.norm(dim=tuple(range(lead, g.dim())), keepdim=True) if g.dim() > lead else g.abs()
 
 
 def _coefficient(max_norm: float, norm: Tensor, eps: float) -> Tensor:
@@ -109,13 +114,7 @@ def _clip_with_rule(
         return
     assert eps is not None  # clip_gradients passes 0 for the per-matrix rule
     for p in with_grad:
-        g = counted(p)
-        lead = 1 if getattr(p, "ensemble_axis", False) else 0
-        if g.dim() - lead >= 2:
-            norms = torch.linalg.matrix_norm(g, keepdim=True)  # (..., 1, 1)
-        else:
-            norms = g.norm(dim=tuple(range(lead, g.dim())), keepdim=True) if g.dim() > lead else g.abs()
-        cast(Tensor, p.grad).mul_(_coefficient(max_norm, norms, eps))
+        cast(Tensor, p.grad).mul_(_coefficient(max_norm, _block_norms(p, counted(p)), eps))
 
 
 @torch.no_grad()
