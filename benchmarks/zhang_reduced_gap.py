@@ -15,6 +15,8 @@ P = 5000 and budgets, for Fig. 3 (ATTN_S, H = 5, rank one, lr 0.02, init 0.01, 1
 * ``authors_moments``: the same model, every block free, in moment form (ŷ = Σ_i x_qᵀ A_i S ṽ_i with S = Σ over all
   32 tokens of z zᵀ, a quadratic loss in the 100 entries of Σ_i A_i ⊗ ṽ_i), checked equal to their loop over those
   epochs and then run for the full budget: the authors' finite-data dynamics at the paper's budget;
+  (iclab trains the same model in the paper's parametrisation with ``all_blocks=True``, the cards' option
+  ``dynamics=all_blocks``; ``FullModel`` stays here in the authors' parametrisation, the one matched to their loop);
 * ``reduced``: iclab's reduced route (:func:`~iclab.training.population.full_batch_gd`) on the same data from the
   same (mapped) init, on the sign-symmetrised set (x, y) ∪ (x, −y), and :func:`population_flow` with their Λ.
 

@@ -149,24 +149,38 @@ def _stub_modules(names: dict[str, dict[str, Any]]) -> None:
 
 def wang2025(args: argparse.Namespace) -> Path:
     """Wang, Convertino, Cheng, Henao, Carin 2025 (icl_attention_categorical, ``src/experiments_torch``): the §6.1
-    task (their ``HighDimCategorical``: d = 10, C = 25, d' = 5, λ = 10, 5 anchors) with N = 20, one block, softmax
-    kernel; their GD model ``TransformerGDInterleaved`` and Trained TF ``TransformerInterleaved`` (init_seed 0,
-    init_scale 0.002), each trained by their ``eval.train_loop``: Adam (GD) / AdamW β = (0.9, 0.98), weight decay 0
-    (Trained TF), lr 1e-3 (their ``config.gd_lr``, used for both), no clipping, 100 passes over L = 64 fixed contexts
-    in 2 minibatches of 32, unshuffled (200 updates). In float64 (default dtype set before their code builds
-    anything). Their context labels come from torch's global generator (seeded 0 here).
+    task (their ``HighDimCategorical``: d = 10, C = 25, d' = 5, λ = 10, 5 anchors) with N = 20, softmax kernel, one
+    block (``wang2025_softmax_k1.pt``) and two blocks (``wang2025_softmax_k2.pt``: their GD model's erasure head and
+    cross-attention then feed a second functional-GD step); their GD model ``TransformerGDInterleaved`` and Trained
+    TF ``TransformerInterleaved`` (init_seed 0, init_scale their ``conf_init``'s 0.002 / blocks), each trained by
+    their ``eval.train_loop``: Adam (GD) / AdamW β = (0.9, 0.98), weight decay 0 (Trained TF), lr 1e-3 (their
+    ``config.gd_lr``, used for both; their PyTorch ``conf_init`` sets it, and no schedule, at every depth), no
+    clipping, 100 passes over L = 64 fixed contexts in 2 minibatches of 32, unshuffled (200 updates). In float64
+    (default dtype set before their code builds anything). Their context labels come from torch's global generator
+    (seeded 0 here). Both depths see the same contexts (the same seeds): the two-block file names the one-block file
+    (``data``) for them instead of holding a copy (checked equal when it is written).
 
     The loss of every update is the value their ``train_step`` returns to ``train_loop``; the gradient norm before
     each update is recorded too (no clip is applied). Diagnostic variant, off by default: environment
     ``WANG2025_CLIP=<c>`` clips the global gradient norm to c before each update (``clip_grad_norm_``, iclab's
-    paper-preset rule, c = 1.0) and writes ``wang2025_softmax_k1_clip<c>.pt`` instead.
+    paper-preset rule, c = 1.0) and writes ``wang2025_softmax_k1_clip<c>.pt`` (one block) instead.
 
     Their modules import tensorflow/keras (for the ImageNet features) and IPython at module level; empty stand-ins
     are registered for those names, as the synthetic experiment never uses them.
     """
+    import os
+
+    clip = float(os.environ["WANG2025_CLIP"]) if os.environ.get("WANG2025_CLIP") else None
+    first = _wang_record(args, 1, clip)
+    if clip is None:
+        _wang_record(args, 2, None)
+    return first
+
+
+def _wang_record(args: argparse.Namespace, layers: int, clip: float | None) -> Path:
+    """One fixture of :func:`wang2025`: ``layers`` blocks, both models, the global clip ``clip`` (None: none)."""
     import contextlib
     import io
-    import os
 
     import torch
     import torch._dynamo  # before the stand-ins: dynamo probes installed packages by name
@@ -181,7 +195,9 @@ def wang2025(args: argparse.Namespace) -> Path:
                    "IPython.display": {"display": print}})  # fmt: skip
     sys.modules["keras"] = keras
     _stub_modules({"tensorflow": {"keras": keras}})
-    sys.path.insert(0, str(args.peers / "icl_attention_categorical" / "src" / "experiments_torch"))
+    path = str(args.peers / "icl_attention_categorical" / "src" / "experiments_torch")
+    if path not in sys.path:
+        sys.path.insert(0, path)
     torch.set_default_dtype(torch.float64)
     with contextlib.redirect_stdout(io.StringIO()):
         import eval as peval  # their train_loop
@@ -192,8 +208,7 @@ def wang2025(args: argparse.Namespace) -> Path:
 
         from data import HighDimCategorical
 
-    clip = float(os.environ["WANG2025_CLIP"]) if os.environ.get("WANG2025_CLIP") else None
-    d, C, e, N, L, mb, epochs, layers, kernel = 10, 25, 5, 20, 64, 32, 100, 1, "softmax"
+    d, C, e, N, L, mb, epochs, kernel = 10, 25, 5, 20, 64, 32, 100, "softmax"
     conf_init(save_path=None, model_type="interleaved", num_seeds=1, num_layers=layers, data_kernel="high_dim",
               model_kernel=kernel, num_cats=C, c_size=N, i_size=d, e_size=e, high_dim_k=5, high_dim_lambda=10,
               dist=0.1, training_data_size=L, minibatch_size=mb, training_steps_tf=epochs, training_steps_gd=epochs)  # fmt: skip
@@ -253,7 +268,11 @@ def wang2025(args: argparse.Namespace) -> Path:
         "runs": runs,  # {"gd", "tf"}: init / final {their parameter name: tensor}, loss, grad_norm per update
         "meta": meta(args.peers, "icl_attention_categorical", config_out),
     }
-    name = "wang2025_softmax_k1.pt" if clip is None else f"wang2025_softmax_k1_clip{clip:g}.pt"
+    if layers > 1:  # the same contexts as the one-block fixture (same seeds): kept there only, to keep files small
+        one = torch.load(args.out / "wang2025_softmax_k1.pt")
+        assert torch.equal(one["x"], record.pop("x")) and torch.equal(one["labels"], record.pop("labels"))
+        record["data"] = "wang2025_softmax_k1.pt"  # the file holding "x" and "labels"
+    name = f"wang2025_softmax_k{layers}.pt" if clip is None else f"wang2025_softmax_k{layers}_clip{clip:g}.pt"
     out = args.out / name
     torch.save(record, out)
     print(f"{out}")
@@ -418,24 +437,20 @@ def zhang_train(ptrain: Any, model: Any, data: dict[str, Any], popts: Any) -> li
             os.chdir(here)
 
 
-def zhang2025(args: argparse.Namespace) -> Path:
-    """Zhang, Singh, Latham, Saxe 2025 (linattn-icl): their ``train.train`` itself, untouched, on the token route of
-    Fig. 5 (ATTN_S: softmax attention, separate rank-one key and query, H = 5, D = 4, sequences of 32 tokens with
-    the query last, init 0.01, full-batch SGD lr 0.02), on P = 256 sequences of their ``gen_dataset`` (seed 10, their
-    default), 300 epochs. Their ``config`` parses the options (``--softmax --model attnS ...``); their data are built
-    in float32 as in their code and cast to float64 with the model (its weights drawn in float64). ``train`` writes
-    its loss curve to a text file (``np.savetxt``, 18 digits) in a scratch directory; it is read back from there.
-    """
+def _zhang_setup(peers: Path, argv: list[str]) -> tuple[Any, Any, dict[str, Any], dict[str, Any], Any]:
+    """Zhang et al.'s ``__main__`` of train.py for the options ``argv``, up to the training: their ``config`` parses
+    the options, the seeds are set, their ``gen_dataset`` builds the data in float32 (as in their code) and their
+    ``creat_network`` the model in float64. Returns (their train module, the parsed options, the float32 data, the
+    same data in float64, the model)."""
     import contextlib
     import io
 
     import numpy as np
     import torch
 
-    repo = args.peers / "linattn-icl"
-    sys.path.insert(0, str(repo))
-    argv = ["--model", "attnS", "--softmax", "--head_num", "5", "--rank", "1", "--in_dim", "4", "--seq_len", "32",
-            "--trainset_size", "256", "--init", "0.01", "--lr", "0.02", "--epoch", "300"]  # fmt: skip
+    repo = peers / "linattn-icl"
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
     saved = sys.argv
     sys.argv = [str(repo / "train.py"), *argv]  # their config() prints its parse of sys.argv
     try:
@@ -458,25 +473,57 @@ def zhang2025(args: argparse.Namespace) -> Path:
     data = {k: v.double() for k, v in data.items()}
     with contextlib.redirect_stdout(io.StringIO()):
         model = ptrain.creat_network(popts)
+    return ptrain, popts, raw, data, model
+
+
+def _zhang_record(args: argparse.Namespace, name: str, argv: list[str], figure: str) -> Path:
+    """Run their ``train.train`` for the options ``argv`` (:func:`_zhang_setup`, :func:`zhang_train`) and write
+    ``<out>/<name>``: the float32 tokens and query labels, the initial and final weights, the loss of every epoch."""
+    import torch
+
+    ptrain, popts, raw, data, model = _zhang_setup(args.peers, argv)
     init = {k: v.detach().clone() for k, v in model.named_parameters()}
     losses = zhang_train(ptrain, model, data, popts)
     final = {k: v.detach().clone() for k, v in model.named_parameters()}
-    config = dict(argv=argv, figure="Fig. 5 (ATTN_S, softmax)", d=popts.in_dim, tokens=popts.seq_len,
-                  heads=popts.head_num, rank=popts.rank, P=popts.trainset_size, init=popts.init, lr=popts.lr,
-                  epochs=popts.epoch, seed=popts.seed, optimizer="SGD (full batch)", data_dtype="float32",
-                  dtype="float64")  # fmt: skip
+    config = dict(argv=argv, figure=figure, d=popts.in_dim, tokens=popts.seq_len, heads=popts.head_num,
+                  rank=popts.rank, P=popts.trainset_size, init=popts.init, lr=popts.lr, epochs=popts.epoch,
+                  seed=popts.seed, icl=popts.icl, white_cov=popts.white_cov, optimizer="SGD (full batch)",
+                  data_dtype="float32", dtype="float64")  # fmt: skip
     record = {
         "x": raw["x"],  # (P, T, D+1) float32: the tokens [x, y], the query last with label slot 0
         "y": raw["y"][:, -1, popts.in_dim :].clone(),  # (P, 1) float32: the query labels
-        "init": init,  # {their parameter name: tensor}: key.weight, query.weight (H·R, D+1), value.weight
+        "init": init,  # {their parameter name: tensor}
         "loss": losses,
         "final": final,
         "meta": meta(args.peers, "linattn-icl", config, owner="yedizhang"),
     }
-    out = args.out / "zhang2025_softmax_separate_H5.pt"
+    out = args.out / name
     torch.save(record, out)
     print(f"{out}: loss {losses[0]:.6g} -> {losses[-1]:.6g} over {len(losses)} epochs")
     return out
+
+
+def zhang2025(args: argparse.Namespace) -> Path:
+    """Zhang, Singh, Latham, Saxe 2025 (linattn-icl): their ``train.train`` itself, untouched, for two small runs,
+    each on the sequences of their ``gen_dataset`` (seed 10, their default) in float32 as in their code, cast to
+    float64 with the model (its weights drawn in float64). Their ``config`` parses the options; ``train`` writes its
+    loss curve to a text file (``np.savetxt``, 18 digits) in a scratch directory, read back from there.
+
+    - ``zhang2025_softmax_separate_H5.pt``: the token route of Fig. 5 (ATTN_S: softmax attention, separate rank-one
+      key and query, H = 5, D = 4, sequences of 32 tokens with the query last, init 0.01, full-batch SGD lr 0.02),
+      P = 256 sequences, 300 epochs.
+    - ``zhang2025_linear_merged_H8.pt``: Fig. 14's linear ATTN_M (``Attention_Merge``: one free W^KQ per head, the
+      zero blocks zeroed at init only, no 1/N), with Fig. 14's README options (``--model attnM --head 8
+      --white_cov --lr 0.0005``) on a mixture with half the task vectors fixed (``--icl 0.5``), P = 128, init 0.01
+      (their 1e-6 stays on the plateau for thousands of epochs), 300 epochs.
+    """
+    argv = ["--model", "attnS", "--softmax", "--head_num", "5", "--rank", "1", "--in_dim", "4", "--seq_len", "32",
+            "--trainset_size", "256", "--init", "0.01", "--lr", "0.02", "--epoch", "300"]  # fmt: skip
+    first = _zhang_record(args, "zhang2025_softmax_separate_H5.pt", argv, "Fig. 5 (ATTN_S, softmax)")
+    argv = ["--model", "attnM", "--head_num", "8", "--in_dim", "4", "--seq_len", "32", "--white_cov", "--icl", "0.5",
+            "--trainset_size", "128", "--init", "0.01", "--lr", "0.0005", "--epoch", "300"]  # fmt: skip
+    _zhang_record(args, "zhang2025_linear_merged_H8.pt", argv, "Fig. 14 (linear ATTN_M, fixed fraction 0.5)")
+    return first
 
 
 #: One sub-command per repository: {name: function(args)}, args holding ``peers`` and ``out`` (Paths).

@@ -105,6 +105,30 @@ def authors_table() -> str:
 
 
 def roofline_table() -> str:
+    """Every paper's step against its roofline (``iclab bench --roofline``: benchmarks/results/roofline-cpu.json):
+    FLOPs and bytes per step, the matmul rate at the step's shapes and the stream bandwidth measured in the same
+    run, the bound that applies and the step over it. Without that file, the older per-benchmark rows."""
+    if roof := _load("roofline-cpu.json"):
+        return _roofline_rows(roof)
+    return _legacy_roofline_table()
+
+
+def _roofline_rows(roof: dict[str, Any]) -> str:
+    head = [
+        "| step | ms / step | model GFLOP / step | GB / step | matmul peak (GFLOP/s) | at its shapes (GFLOP/s)"
+        " | stream (GB/s) | bound (ms) | × bound |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    rows = [
+        f"| {r['label']} | {_ms(r['ms_per_step'])} | {r['gflop_per_step']:.3g} | {r['gb_per_step']:.3g}"
+        f" | {r['matmul_peak_gflops']:.3g} | {r['matmul_gflops_at_shape']:.3g} | {r['bandwidth_gbps']:.3g}"
+        f" | {_ms(r['bound_ms'])} ({r['bound']}) | **{_x(r['x_bound'])}** |"
+        for r in roof["steps"].values()
+    ]
+    return "\n".join(head + rows) + f"\n\nMeasured {describe(roof['provenance'])}."
+
+
+def _legacy_roofline_table() -> str:
     """Each training step against the float32 matmul peak measured in the same run: the model's matmul FLOPs
     (``FlopCounterMode``) at that peak is the FLOP-bound time."""
     rows = []

@@ -12,6 +12,7 @@ import numpy as np
 import yaml
 
 from iclab.plotting import save, subplots
+from iclab.reporting.runs import card_run_name
 
 
 def figure(path: Path) -> Path:
@@ -28,11 +29,16 @@ def make_run_dir(
     claims: list[dict],
     *,
     preset: str = "smoke",
-    tag: str = "0000",
+    tag: str | None = None,
     config: dict | None = None,
     figures: tuple[str, ...] = ("fig.png",),
+    metrics: dict[str, list[dict]] | None = None,
 ) -> Path:
-    """``out/<name>/<preset>-<tag>/`` as the runner writes it: config.yaml, claims.json, summary.json, figures."""
+    """``out/<name>/<preset>-<tag>/`` as the runner writes it: config.yaml, claims.json, summary.json, figures, and
+    ``metrics``: {training run: its metrics.jsonl rows}. ``tag`` None: the hash of the card's own config at ``preset``
+    (the report shows it as the experiment's run), "0000" for an experiment the registry does not know."""
+    if tag is None:
+        tag = (card_run_name(name, preset) or f"{preset}-0000").split("-", 1)[1]
     run_dir = out / name / f"{preset}-{tag}"
     run_dir.mkdir(parents=True)
     config = config if config is not None else {"seeds": 2, "train": {"seed": 0, "steps": 3}}
@@ -42,7 +48,18 @@ def make_run_dir(
         figure(run_dir / f)
     summary = {"experiment": name, "preset": preset, "seconds": 1.5, "passed": True, "figures": list(figures)}
     (run_dir / "summary.json").write_text(json.dumps(summary))
+    for run, rows in (metrics or {}).items():
+        (run_dir / run).mkdir(parents=True)
+        (run_dir / run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_dir
+
+
+def loss_rows(steps: int = 5, scale: float = 1.0, every: int = 10) -> list[dict]:
+    """metrics.jsonl rows of a falling loss: train_loss, test_loss and lr every ``every`` steps."""
+    return [
+        {"step": s * every, "train_loss": scale * 2.0 / (1 + s), "test_loss": scale * 2.5 / (1 + s), "lr": 0.01}
+        for s in range(steps)
+    ]
 
 
 def claim(name: str, status: str = "passed", measured: object = 0.5, detail: str = "") -> dict:
@@ -65,19 +82,43 @@ SWEEP_ROWS = [  # lr, seed, final_loss, status; as numbers final_loss sorts 0.06
 ]
 
 
-def make_sweep_dir(out: Path, name: str = "lr", experiment: str = "zhang2025.fig1") -> Path:
-    """``out/sweeps/<name>/`` as ``iclab sweep`` writes it: summary.json, sweep.parquet, sweep_<key>.png/.svg."""
+def make_sweep_dir(
+    out: Path, name: str = "lr", experiment: str = "zhang2025.fig1", *, runs: bool = False, seeds: int = 1
+) -> Path:
+    """``out/sweeps/<name>/`` as ``iclab sweep`` writes it: summary.json, sweep.parquet, sweep_<key>.png/.svg.
+    ``runs``: also a run directory with a metrics.jsonl per finished point (its ``run_dir`` written as the sweep
+    would, relative to the directory it ran in); ``seeds``: every point repeated with seeds 0..seeds-1."""
     import pandas as pd  # the sweep table's reader; only these tests need it
 
     d = out / "sweeps" / name
     d.mkdir(parents=True)
-    df = pd.DataFrame(SWEEP_ROWS, columns=["train.lr", "seed", "final_loss", "status"])
-    df["claims_passed"] = [2, 2, 1, 0, 0]
+    rows = [
+        (lr, s, loss * (1 + 0.1 * s) if loss == loss else loss, st)
+        for s in range(seeds)
+        for lr, _, loss, st in SWEEP_ROWS
+    ]
+    df = pd.DataFrame(rows, columns=["train.lr", "seed", "final_loss", "status"])
+    df["claims_passed"] = [2, 2, 1, 0, 0] * seeds
     df["claims_total"] = 2
-    df["seconds"] = [0.5, 0.4, 0.6, 0.5, 0.1]
+    df["seconds"] = [0.5, 0.4, 0.6, 0.5, 0.1] * seeds
     df["host"] = "localhost"
-    df["error"] = [""] * 4 + ["Traceback (most recent call last):\n  ...\nDivergenceError: loss is nan <b>bold?</b>"]
+    error = "Traceback (most recent call last):\n  ...\nDivergenceError: loss is nan <b>bold?</b>"
+    df["error"] = ([""] * 4 + [error]) * seeds
     df["run_dir"] = [f"runs/{experiment}/smoke-{i}" for i in range(len(df))]
+    if runs:
+        for i, row in df.iterrows():
+            if row["status"] == "ok":
+                cfg = {"seeds": 1, "train": {"lr": float(row["train.lr"]), "seed": int(row["seed"])}}
+                make_run_dir(
+                    out,
+                    experiment,
+                    [claim("a")],
+                    tag=f"p{i}",
+                    config=cfg,
+                    figures=(),
+                    metrics={"seed0": loss_rows(scale=row["train.lr"])},
+                )
+                df.loc[i, "run_dir"] = f"elsewhere/{experiment}/smoke-p{i}"
     df.to_parquet(d / "sweep.parquet")
     figure(d / "sweep_train.lr.png")
     summary = {

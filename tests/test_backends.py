@@ -159,8 +159,104 @@ def test_backend_options_are_validated() -> None:
     with pytest.raises(ConfigError, match="--workers must be an int >= 1"):
         make_backend("local", workers=0)
     with pytest.raises(ConfigError, match="--backend must be one of"):
-        make_backend("slurm")
+        make_backend("nope")
     with pytest.raises(ConfigError, match="Ray options"):
         make_backend("local", address="auto")
     with pytest.raises(ConfigError, match="--gpus-per-task must be >= 0"):
         make_backend("ray", gpus_per_task=-1)
+
+
+def _cwd(_: object) -> str:
+    return os.getcwd()
+
+
+def test_paths_are_absolute_before_they_reach_a_worker(
+    serial, pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's workers run in the folder pytest started in, the driver in another with a relative --out: the
+    checkpoints go under the driver's --out, none into the workers' folder."""
+    workers_dir = Path(pool.map(_cwd, [0], labels=["cwd"])[0].unwrap())
+    driver_dir = tmp_path / "driver"
+    driver_dir.mkdir()
+    monkeypatch.chdir(driver_dir)
+    assert workers_dir != driver_dir
+    res = run_experiment(EXP, "smoke", out="runs", overrides=OVERRIDES, backend=pool)
+    assert res.out_dir.is_absolute() and res.out_dir.is_relative_to(driver_dir / "runs")
+    assert len(list((driver_dir / "runs").rglob("checkpoint.pt"))) == 2
+    assert not (workers_dir / "runs" / EXP / res.out_dir.name).exists(), "nothing in the workers' working directory"
+    assert _same(_results(res), _results(serial))
+
+
+_ORPHANS = """
+import os, sys, time
+from pathlib import Path
+from iclab.experiments.backends import LocalBackend
+
+def nap(x):
+    Path(f"started-{os.getpid()}").touch()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    pool = LocalBackend(workers=2)
+    pool._executor().submit(nap, 0); pool._executor().submit(nap, 1)
+    while len(list(Path().glob("started-*"))) < 2:  # both workers started and busy
+        time.sleep(0.05)
+    print(" ".join(p.name.split("-")[1] for p in Path().glob("started-*")), flush=True)
+    time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow  # a driver and two spawned workers importing torch: 5-20 s
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_exit_when_their_driver_is_killed(tmp_path: Path) -> None:
+    """SIGKILL the driver of a 2-worker pool: its workers, busy with a task, exit within a few seconds."""
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "driver.py"
+    script.write_text(_ORPHANS)
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert driver.stdout is not None
+        pids = [int(p) for p in driver.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "the orphaned workers exited"
+    finally:
+        driver.kill()
+
+
+def test_an_unreachable_address_fails_fast() -> None:
+    """Nothing listens on 127.0.0.1:6999: the command fails within seconds, naming the address."""
+    import time
+
+    ray = pytest.importorskip("ray")
+    ray.shutdown()  # a local Ray of another test (a later RayBackend() starts a new one)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=r"cannot reach a Ray cluster at --address 127\.0\.0\.1:6999 within 15 s"):
+        _ = RayBackend(address="127.0.0.1:6999").parallelism
+    assert time.monotonic() - t0 < 15
+
+
+def test_a_failed_tasks_output_reaches_the_driver(pool) -> None:  # type: ignore[no-untyped-def]
+    out = pool.map(_loud_fail, [0], labels=["loud"])
+    assert out[0].error is not None and "ValueError: no" in out[0].error
+    assert "worker says: step 3 loss 1e+30" in out[0].error
+
+
+def _loud_fail(_: int) -> None:
+    print("worker says: step 3 loss 1e+30")
+    raise ValueError("no")

@@ -2,7 +2,7 @@
 
 Every check compares two independent computations in float64 (1e-12 unless stated): explicit gradient
 descent on the parameters (A, b) of f(x) = A x + b by autograd (App. B eq. 10-12) against the functional
-iterates; the squared-loss reduction against the seed-000 FunctionalGD (App. G); the softmax mean
+iterates; the squared-loss reduction against Cheng et al.'s FunctionalGD (App. G); the softmax mean
 against a direct formula.
 """
 

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from iclab import ConfigError
-from iclab.core.config import apply_overrides, config_hash, from_dict, parse_override, route_shorthand, to_dict
+from iclab.core.config import (
+    apply_overrides,
+    config_hash,
+    from_dict,
+    load_yaml,
+    parse_override,
+    route_shorthand,
+    to_dict,
+)
+from iclab.core.safe_parse import DocumentError, load_json_text, load_yaml_text
+from iclab.experiments.registry import all_experiments
+from iclab.experiments.runner import resolve_config
 from iclab.models import LinearTransformerConfig
 from iclab.training import TrainConfig
 from iclab.training.run_config import parse_run_config
@@ -169,3 +181,84 @@ def test_an_added_setting_at_its_default_keeps_the_run_identity() -> None:
     assert identity(After()) == to_dict(Before()) and config_hash(After()) == config_hash(Before())
     assert config_hash(After(projection="after_step")) != config_hash(Before())
     assert "projection" in to_dict(After())  # the resolved config still shows every setting
+
+
+# --- bounded parsing (iclab.core.safe_parse) -----------------------------------------------------------------------
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=False)
+)
+
+
+def test_yaml_alias_bomb_is_refused_as_config_override_and_file(tmp_path) -> None:
+    """A 0.5 kB alias bomb (9^9 strings once expanded): refused at once wherever YAML is read."""
+    assert len(BOMB) < 600
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        load_yaml(path)
+    flow = "{" + BOMB.strip().replace("\n", ", ") + "}"
+    with pytest.raises(ConfigError, match="anchors and aliases"):
+        parse_override(f"train.lr={flow}")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("train: {lr: 1}\ntrain: {lr: 2}\n", "duplicate key 'train'"),
+        ("model: {n_layers: 1, n_layers: 2}\n", "duplicate key 'n_layers'"),
+        ("[" * 200_000, "nested deeper than 64"),
+        ("x: " + "y" * (2 << 20), "at most 1048576"),
+    ],
+)
+def test_hostile_yaml_files_are_one_config_error(tmp_path, text: str, fragment: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        load_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("[" * 200_000 + "]" * 200_000, "nested deeper than 64"),
+        ('{"a": 1, "a": 2}', "duplicate key 'a'"),
+        ("[" * 65 + "]" * 65, "nested deeper than 64"),
+        ('{"seconds": 1', "not valid JSON"),
+    ],
+)
+def test_hostile_json_is_one_document_error(text: str, fragment: str) -> None:
+    with pytest.raises(DocumentError, match=re.escape(fragment)):
+        load_json_text(text)
+
+
+def test_bounded_readers_read_what_iclab_writes() -> None:
+    assert load_json_text('{"x": [1.5, NaN, Infinity], "y": {"z": null}}')["y"] == {"z": None}
+    assert load_yaml_text("train: {lr: 1e-3, betas: [0.9, 0.99]}") == {"train": {"lr": 0.001, "betas": [0.9, 0.99]}}
+    assert load_json_text("[" * 64 + "]" * 64) is not None  # the bound itself is accepted
+
+
+# --- fields that must agree, overrides a card ignores ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["ahn2023.isotropic", "ahn2023.fig1", "zhang2025.fig1", "cheng2024.fig1"])
+def test_d_and_spectrum_must_agree(name: str) -> None:
+    """d = 100000 beside a 5-entry spectrum once trained at d = 5 and exited 0: now refused, naming both fields."""
+    exp = all_experiments()[name]
+    with pytest.raises(ConfigError, match=rf"{re.escape(name)}\.spectrum must be 100000 .*d"):
+        resolve_config(exp, "smoke", ["d=100000"])
+    d = len(resolve_config(exp, "smoke").spectrum) + 1
+    spectrum = "[" + ", ".join(["1.0"] * d) + "]"
+    assert resolve_config(exp, "smoke", [f"d={d}", f"spectrum={spectrum}"]).d == d  # both changed: accepted
+
+
+@pytest.mark.parametrize("name", ["ahn2023.isotropic", "sun2025.fig1", "cheng2024.fig1"])
+def test_checkpoint_every_a_card_sets_itself_is_refused(name: str) -> None:
+    """These cards checkpoint every steps / 10 (or / 5): a train.checkpoint_every would be hashed and ignored."""
+    with pytest.raises(ConfigError, match=r"train\.checkpoint_every must be left at 1000"):
+        resolve_config(all_experiments()[name], "smoke", ["train.checkpoint_every=7"])
+
+
+def test_train_config_out_must_name_a_folder() -> None:
+    with pytest.raises(ConfigError, match="out must name a folder"):
+        parse_run_config({"out": ""})

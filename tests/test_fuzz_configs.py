@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import typing
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -117,3 +118,82 @@ def test_hostile_yaml_documents(tmp_path, text: str) -> None:
     path.write_text(text)
     with pytest.raises(IclabError):
         parse_run_config(apply_overrides(load_yaml(path), []))
+
+
+# --- resource bombs and hostile command-line values ------------------------------------------------------------------
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi", strict=False)
+)
+
+
+def _cli(*args: str) -> Any:
+    from typer.testing import CliRunner
+
+    from iclab.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_alias_bomb_to_train_config_and_as_override_is_one_line(tmp_path) -> None:
+    """A 0.5 kB YAML alias bomb as ``iclab train --config`` or as an override value: refused at once, exit 2."""
+    path = tmp_path / "bomb.yaml"
+    path.write_text(BOMB)
+    for args in (
+        ["train", "--config", str(path)],
+        ["run", "ahn2023.theorem2", "--preset", "smoke", "lr=" + "{" + BOMB.strip().replace("\n", ", ") + "}"],
+    ):
+        result = _cli(*args, *(["--out", str(tmp_path)] if args[0] == "run" else []))
+        assert result.exit_code == 2 and "anchors and aliases" in result.output, result.output
+        assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["run", "ahn2023.theorem2", "--out", ""], "must name a folder"),
+        (["sweep", "examples/sweeps/smoke.yaml", "--out", " "], "must name a folder"),
+        (["report", "--out", ""], "must name a folder"),
+        (["report", "--port", "99999"], "--port"),
+        (["report", "--port", "-1"], "--port"),
+    ],
+)
+def test_hostile_command_line_values_are_refused(args: list[str], fragment: str) -> None:
+    result = _cli(*args)
+    assert result.exit_code == 2 and fragment in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_serve_answers_regular_files_under_out_only(tmp_path) -> None:
+    """``iclab report --serve``: a symbolic link in OUT to /etc (or to a file inside OUT) answers 404; a page, 200."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from iclab.reporting.site import serve
+
+    (tmp_path / "report").mkdir()
+    (tmp_path / "report" / "index.html").write_text("<p>report</p>")
+    (tmp_path / "etc").symlink_to("/etc")
+    (tmp_path / "link.html").symlink_to(tmp_path / "report" / "index.html")
+    httpd = serve(tmp_path, 0)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{httpd.server_port}"
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(base + path, timeout=10) as r:
+                return int(r.status)
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        assert status("/report/index.html") == 200 and status("/report/") == 200
+        for path in ("/etc/passwd", "/etc/hostname", "/link.html", "/etc/", "/../../etc/passwd", "/%2e%2e/etc/passwd"):
+            assert status(path) == 404, path
+        assert status("/") == 404  # a directory without index.html: no listing
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)

@@ -36,6 +36,7 @@ RANK = {
     "cli": 8,
     "__main__": 9,  # `python -m iclab`: runs the cli
     "bench": 7,  # the `iclab bench` verb: runs experiments, is run by the cli
+    "roofline": 7.5,  # `iclab bench --roofline`: uses bench, is run by the cli
 }
 
 

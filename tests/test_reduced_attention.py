@@ -120,7 +120,9 @@ def test_predict_errors() -> None:
         models.SeparateAttention(D, 2).predict(ep)
     with pytest.raises(iclab.ShapeError, match="d=4; got an episode with d=3"):
         _merged().predict(random_episode(2, 3, 3, seed=0))
-    with pytest.raises(iclab.ShapeError, match=r"from_statistics needs beta and x_query of shape \(B, 4\)"):
+    with pytest.raises(
+        iclab.ShapeError, match=r"from_statistics needs statistics of shape \(B, 4\) and x_query \(B, 4\)"
+    ):
         _merged().from_statistics(torch.zeros(3, 4, dtype=F64), torch.zeros(3, 3, dtype=F64))
 
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: what a reader outside cannot follow: a sitting's number, a tracker's number, a private note's section, a folder
 #: name standing for a paper (written split so that this file does not match itself)
 LABELS = re.compile(
-    "|".join(["ses" + r"sion [0-9]", "iss" + r"ue #?[0-9]", "sp" + r"ec 00[0-9]", "se" + r"ed 00[0-9]"]), re.I
+    "|".join(["ses" + r"sion [0-9]", "iss" + r"ue #?[0-9]", "sp" + r"ec 00[0-9]", "se" + r"ed[ -]00[0-9]"]), re.I
 )
 WHERE = [
     "src",

@@ -3,6 +3,7 @@ directory `iclab run` would use; the same table on every backend; failures and k
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def _train_spec(tmp: Path, **extra: object) -> dict[str, object]:
 
 
 def _metrics(table: pd.DataFrame) -> pd.DataFrame:
-    fixed = {"seconds", "host", "run_dir"}
+    fixed = {"seconds", "host", "run_dir", "start", "end"}
     return table[[c for c in table.columns if c not in fixed]].reset_index(drop=True)
 
 
@@ -60,6 +61,12 @@ def test_smoke_sweep_layout(local_table: pd.DataFrame, tmp_path: Path) -> None:
     assert len(spec.points()) == 2 and len(local_table) == 2
     assert set(COMPARED) <= set(local_table.columns)
     assert (local_table["status"] == "ok").all()
+    row = local_table.iloc[0]
+    assert (row["experiment"], row["preset"], row["attempts"]) == ("ahn2023.fig1", "smoke", 1)
+    assert Path(row["run_dir"]).name == f"smoke-{row['config_hash']}" and row["start"] <= row["end"]
+    assert row["git_revision"] is None or len(row["git_revision"]) >= 40
+    claim = "final_loss_equals_thm3_S_optimum"
+    assert {claim, f"{claim}.expected", f"{claim}.passed"} <= set(local_table.columns), list(local_table.columns)
     # each point is the run directory `iclab run` would use: same config hash, reused when run again
     run_dir = Path(local_table["run_dir"][0])
     again = run_experiment("ahn2023.fig1", "smoke", out=run_dir.parents[1], overrides=["train.lr=0.01"])
@@ -104,7 +111,7 @@ def test_a_failing_point_does_not_stop_the_others(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert "train.lr=1e+12" in result.output and "DivergenceError" in result.output  # its config and traceback
     table = pd.read_parquet(tmp_path / "sweeps" / "tiny" / "sweep.parquet")
-    assert table["status"].tolist() == ["ok", "failed"]
+    assert table["status"].tolist() == ["ok", "diverged"]
     assert "DivergenceError" in table["error"][1] and table["error"][0] == ""
     assert table["final_test_loss"].notna()[0]
 
@@ -172,5 +179,66 @@ def test_example_specs_are_valid() -> None:
         assert load_sweep_spec(path).points(), path
 
 
+BIG = {"experiment": "ahn2023.theorem2", "preset": "smoke", "grid": {"train.lr": [0.01] * 1000, "n": [20] * 1000}}
+
+
+def test_a_million_points_are_refused_before_any_is_expanded(tmp_path: Path, monkeypatch) -> None:
+    """A 10^6-point grid (a 10 kB file) once took gigabytes and hung, --dry-run too: refused before expanding."""
+    monkeypatch.delenv("ICLAB_ALLOW_LARGE", raising=False)
+    with pytest.raises(ConfigError, match=r"1000000 points is more than 10000.*--allow-large"):
+        load_sweep_spec(BIG)
+    with pytest.raises(ConfigError, match=r"1000000000 points is more than 10000"):
+        load_sweep_spec({"experiment": "ahn2023.theorem5", "preset": "smoke", "seeds": 10**9})
+    spec_file = tmp_path / "big.yaml"
+    spec_file.write_text(yaml.safe_dump(BIG))
+    for extra in ([], ["--dry-run"]):
+        result = CliRunner().invoke(app, ["sweep", str(spec_file), "--out", str(tmp_path), *extra])
+        assert result.exit_code == 2 and "more than 10000" in result.output, result.output
+    assert not (tmp_path / "sweeps").exists()
+
+
+def test_allow_large_lifts_the_point_limit_and_points_stream() -> None:
+    spec = load_sweep_spec(BIG, allow_large=True, validate=False)
+    assert spec.size == 10**6
+    first = next(spec.iter_points())  # one point, nothing else expanded
+    assert first.values == {"train.lr": 0.01, "n": 20}
+
+
+def test_dry_run_streams_one_line_per_point(tmp_path: Path) -> None:
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(yaml.safe_dump({"experiment": "ahn2023.theorem5", "preset": "smoke", "seeds": 2}))
+    done = tmp_path / "does-not-matter"
+    result = CliRunner().invoke(app, ["sweep", str(spec_file), "--out", str(done), "--dry-run", "--probe-steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "2 points" in result.output and len(re.findall(r"seed=\d\s+new\s", result.output)) == 2, result.output
+
+
+def test_a_train_sweep_may_not_write_outside_out(tmp_path: Path) -> None:
+    spec = _train_spec(tmp_path / "inside")
+    spec["overrides"] = {**spec["overrides"], "out": str(tmp_path / "elsewhere")}  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="is outside --out"):
+        run_sweep(spec, out=tmp_path / "inside")
+    assert not (tmp_path / "elsewhere").exists() and not (tmp_path / "inside").exists()
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__]))
+
+
+def test_a_blown_up_loss_is_diverged() -> None:
+    """A train point whose loss ends non-finite or a million times its first (lr 1000: 1e21) is ``diverged``."""
+    from iclab.experiments.backends import Outcome
+    from iclab.experiments.sweep import _diverged, _status
+
+    assert _diverged(2.0, 1e21, 3.0) and _diverged(2.0, float("nan"), 1.0) and not _diverged(2.0, 0.5, 0.6)
+    assert _status(Outcome(0, "a", value={"diverged": True}), {"diverged": True}) == "diverged"
+    assert _status(Outcome(0, "a", error="Traceback ... DivergenceError: step 3"), {}) == "diverged"
+    assert _status(Outcome(0, "a", error="Traceback ... ValueError"), {}) == "failed"
+    assert _status(Outcome(0, "a", value={}), {}) == "ok"
+
+
+@pytest.mark.slow
+def test_estimate_accepts_a_sweep_spec() -> None:
+    result = CliRunner().invoke(app, ["estimate", str(SMOKE), "--probe-steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "sweep smoke: 2 points" in result.output and "projected total" in result.output

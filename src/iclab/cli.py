@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -13,10 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from iclab.core.errors import IclabError, OutputError
+from iclab.core.errors import ConfigError, IclabError, OutputError
 
 if TYPE_CHECKING:  # the commands import what they need when they run (a fast `iclab --help`)
     from iclab.experiments.backends import Backend
+    from iclab.experiments.parallel import Done
     from iclab.experiments.runner import ExperimentResult
 
 app = typer.Typer(
@@ -37,6 +40,13 @@ def _progress() -> Progress:
         console=console,
         transient=True,
     )
+
+
+def out_path(value: str | Path) -> Path:
+    """``--out``: a folder name; an empty one (``--out ''``, which would write into the current folder) is refused."""
+    if not str(value).strip():
+        raise typer.BadParameter("must name a folder; got ''")
+    return Path(value)
 
 
 def _fail(e: Exception) -> NoReturn:
@@ -89,20 +99,73 @@ def list_cmd() -> None:
 _STATUS = {"passed": "[green]yes[/green]", "failed": "[red]NO[/red]", "not checked": "[yellow]not checked[/yellow]"}
 
 
-BackendOpt = Annotated[str, typer.Option("--backend", help="local | ray: where independent training runs execute")]
+BackendOpt = Annotated[
+    str, typer.Option("--backend", help="local | ray | slurm: where independent training runs execute")
+]
+SlurmOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--slurm",
+        help="slurm: KEY=VALUE, repeatable: partition=P, time=MINUTES (per task), folder=DIR (job logs), "
+        "max-requeues=N, parallel=N; any other key is an sbatch option (account=A, qos=Q, constraint=C)",
+    ),
+]
 WorkersOpt = Annotated[int, typer.Option(help="local backend: worker processes (1: this process, as before)")]
 AddressOpt = Annotated[
     str | None, typer.Option(help="ray: a running cluster's address (auto | HOST:PORT); default: start a local Ray")
 ]
 CpusOpt = Annotated[float, typer.Option(help="CPUs (and torch threads) per task")]
 GpusOpt = Annotated[float, typer.Option(help="ray: GPUs per task (its training runs on cuda)")]
+TimeLimitOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--time-limit",
+        help="stop after DURATION (90s, 45m, 2h, 1h30m): the runs checkpoint at their next step and the command exits "
+        "75; the same command continues (SIGTERM and SIGUSR1 do the same, Ctrl-C too but exits 130)",
+    ),
+]
 
 
-def _backend(backend: str, workers: int, address: str | None, cpus: float, gpus: float) -> Backend:
+def _time_limited(command: Callable[..., None]) -> Callable[..., None]:
+    """A command under ``--time-limit`` and SIGTERM / SIGUSR1 / SIGINT (:mod:`iclab.training.stop`): a run asked to
+    stop checkpoints at its next step boundary and the command exits 75 (130 after Ctrl-C) with one line saying what
+    is done; a second signal kills at once. The same command continues."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        import time
+
+        from iclab.training import stop
+
+        limit = kwargs.get("time_limit")
+        try:
+            deadline = None if limit is None else time.time() + stop.parse_duration(limit)
+        except IclabError as e:
+            _fail(e)
+        with stop.handling(deadline):
+            try:
+                command(*args, **kwargs)
+            except stop.Stopped as e:
+                sys.stderr.write(f"{e}\n")
+                interrupted = "SIGINT" in (stop.requested(), e.reason)
+                raise typer.Exit(stop.EX_INTERRUPTED if interrupted else stop.EX_TEMPFAIL) from None
+
+    return wrapper
+
+
+def _backend(
+    backend: str, workers: int, address: str | None, cpus: float, gpus: float, slurm: list[str] | None = None
+) -> Backend:
     """The backend the options name (one local worker: in this process, as RunContext and run_sweep decide)."""
     from iclab.experiments.backends import make_backend
 
     try:
+        if backend == "slurm":
+            from iclab.experiments.slurm import slurm_backend
+
+            return slurm_backend(slurm or [], cpus_per_task=cpus, gpus_per_task=gpus)
+        if slurm:
+            raise ConfigError("--slurm options need --backend slurm")
         b = make_backend(backend, workers=workers, address=address, cpus_per_task=cpus, gpus_per_task=gpus)
     except IclabError as e:
         _fail(e)
@@ -119,13 +182,14 @@ def _print_claims(res: ExperimentResult) -> None:
 
 
 @app.command()
+@_time_limited
 def run(
     experiment: Annotated[str, typer.Argument(help="experiment name, e.g. ahn2023.fig1 (see `iclab list`)")],
     overrides: Annotated[list[str] | None, typer.Argument(help="config overrides key=value")] = None,
     preset: Annotated[str, typer.Option(help="smoke | quick | paper")] = "quick",
     seeds: Annotated[int | None, typer.Option(help="number of seeds (runs)")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
-    out: Annotated[Path, typer.Option(help="output root")] = Path("runs"),
+    out: Annotated[Path, typer.Option(help="output root", parser=out_path)] = Path("runs"),
     force: Annotated[bool, typer.Option(help="recompute even if a finished run exists")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
     wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
@@ -134,6 +198,8 @@ def run(
     address: AddressOpt = None,
     cpus_per_task: CpusOpt = 1,
     gpus_per_task: GpusOpt = 0,
+    slurm: SlurmOpt = None,
+    time_limit: TimeLimitOpt = None,
 ) -> None:
     """Run one experiment at a preset; write its figures and claims under OUT.
 
@@ -141,7 +207,7 @@ def run(
     the claims are the same."""
     from iclab.experiments.runner import run_experiment
 
-    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task)
+    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task, slurm)
     try:
         with _progress() as bar:
             res = run_experiment(
@@ -165,33 +231,92 @@ def run(
         console.print(f"figures and claims in {res.out_dir}")
 
 
+def _reproduce_on_pool(
+    names: list[str], preset: str, out: Path, device: str, force: bool, wait: bool, workers: int, threads: int
+) -> tuple[list[ExperimentResult], dict[str, str]]:
+    """Whole experiments on ``workers`` processes of ``threads`` torch threads, longest first; each one's claims (or
+    its failure) printed as it ends. The results and failures in the order of ``names``, as the serial loop gives."""
+    from iclab.experiments.parallel import run_experiments
+
+    with _progress() as bar:
+        task = bar.add_task(f"{len(names)} experiments, {min(workers, len(names))} at a time", total=len(names))
+
+        def show(d: Done) -> None:
+            bar.advance(task)
+            if d.result is not None:
+                _print_claims(d.result)
+            else:
+                console.print(f"[red]{d.name} failed[/red]\n{d.detail}")
+
+        done = run_experiments(
+            names,
+            preset,
+            out=out,
+            device=device,
+            force=force,
+            wait=wait,
+            workers=workers,
+            threads=max(1, threads),
+            on_done=show,
+        )
+    results: list[ExperimentResult] = []
+    failures: dict[str, str] = {}
+    for d in done:
+        if d.output_error:  # no experiment can write: stop, with one line
+            _fail(OutputError(d.detail))
+        if d.result is not None:
+            results.append(d.result)
+        else:
+            failures[d.name] = d.error or "failed"
+    return results, failures
+
+
 @app.command()
+@_time_limited
 def reproduce(
     paper: Annotated[str | None, typer.Argument(help="paper (e.g. ahn2023) or experiment; default: all")] = None,
     preset: Annotated[str, typer.Option(help="smoke | quick | paper")] = "quick",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
-    out: Annotated[Path, typer.Option(help="output root")] = Path("runs"),
+    out: Annotated[Path, typer.Option(help="output root", parser=out_path)] = Path("runs"),
     force: Annotated[bool, typer.Option(help="recompute finished runs")] = False,
     strict: Annotated[bool, typer.Option(help="exit 1 if any claim fails")] = False,
     wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
     backend: BackendOpt = "local",
-    workers: WorkersOpt = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            help="processes: several experiments run this many at a time, longest first, each in one process of "
+            "--cpus-per-task threads (default: the cores; 1 for one experiment, a GPU or Ray); one experiment: its "
+            "training runs are spread over them; 1: everything in this process, one after another"
+        ),
+    ] = None,
     address: AddressOpt = None,
     cpus_per_task: CpusOpt = 1,
     gpus_per_task: GpusOpt = 0,
+    time_limit: TimeLimitOpt = None,
 ) -> None:
     """Run every registered experiment (or one paper's) and write OUT/report.md."""
     from iclab.experiments.registry import select
     from iclab.experiments.runner import run_experiment
     from iclab.reporting.report import write_report
     from iclab.reporting.site import write_site
+    from iclab.training.stop import Stopped
 
     try:
         exps = select(paper)
     except IclabError as e:
         _fail(e)
+    from iclab.experiments.parallel import default_workers
+
+    if workers is None:
+        workers = default_workers(len(exps), backend, device)
+    results: list[ExperimentResult] = []
+    failures: dict[str, str] = {}
+    if backend == "local" and workers > 1 and len(exps) > 1:  # whole experiments on a pool of processes
+        names = [e.name for e in exps]
+        results, failures = _reproduce_on_pool(names, preset, out, device, force, wait, workers, int(cpus_per_task))
+        exps = []  # all ran: the loop below has nothing left
     pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task)
-    results, failures = [], {}
     with _progress() as bar:
         for exp in exps:
             try:
@@ -200,6 +325,8 @@ def reproduce(
                 )
             except OutputError as e:  # no experiment can write: stop now, with one line
                 _fail(e)
+            except Stopped as e:  # the experiments before it wrote their results; no report until all finish
+                raise Stopped(f"{len(results)}/{len(exps)} experiments finished; {e.progress}", e.reason) from None
             except Exception as e:  # one broken experiment must not lose the others' report
                 failures[exp.name] = f"{type(e).__name__}: {e}"
                 detail = str(e) if isinstance(e, IclabError) else traceback.format_exc()  # our errors: one line
@@ -219,19 +346,30 @@ def reproduce(
 
 @app.command()
 def report(
-    out: Annotated[Path, typer.Option(help="output root holding the run directories")] = Path("runs"),
+    run_dirs: Annotated[
+        list[Path] | None, typer.Argument(help="with --compare: the run directories to compare (two or more)")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="output root holding the run directories", parser=out_path)] = Path("runs"),
+    compare: Annotated[
+        bool, typer.Option(help="write OUT/report/compare.html: RUN_DIRS' curves overlaid, their configs diffed")
+    ] = False,
     serve: Annotated[
         bool, typer.Option(help="serve OUT on localhost and print the report's URL, until Ctrl-C")
     ] = False,
-    port: Annotated[int, typer.Option(help="port for --serve")] = 8000,
+    port: Annotated[int, typer.Option(help="port for --serve (0: any free one)", min=0, max=65535)] = 8000,
     screenshot: Annotated[bool, typer.Option(help="also save OUT/report/index.png (playwright + chromium)")] = False,
 ) -> None:
-    """Write the HTML report OUT/report/ from the newest run directory of every experiment (and OUT/sweeps/)."""
-    import functools
-    import http.server
-
+    """Write the HTML report OUT/report/ from the run of each card's own config under OUT (and OUT/sweeps/);
+    with --compare, only OUT/report/compare.html for RUN_DIRS (e.g. two learning rates of one figure)."""
     from iclab.reporting import site
 
+    if compare or run_dirs:
+        try:
+            page = site.write_compare(out, run_dirs or [])
+        except IclabError as e:
+            _fail(e)
+        console.print(f"compare: {page}  (open it in a browser; no server needed)")
+        return
     try:
         index = site.write_site(out)
     except IclabError as e:
@@ -243,9 +381,8 @@ def report(
             f"screenshot: {shot}" if shot else "[yellow]no screenshot: playwright or chromium missing[/yellow]"
         )
     if serve:  # OUT, not OUT/report: the pages link the figures where the runs wrote them (../<experiment>/...)
-        handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
-        try:
-            httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        try:  # regular files under OUT only, never through a symbolic link
+            httpd = site.serve(out, port)
         except OSError as e:
             _fail(OutputError(f"cannot serve on 127.0.0.1:{port} ({e.strerror or e}); choose another --port"))
         with httpd:
@@ -276,9 +413,20 @@ def estimate(
     per_run: Annotated[bool, typer.Option(help="also print every training run's projection and core-hours")] = False,
 ) -> None:
     """Project each experiment's wall time and core-hours at PRESET from a short probe of every training run (nothing
-    is kept). Core-hours are what --workers or Ray spread; the longest run is the wall time no worker count beats."""
+    is kept). Core-hours are what --workers or Ray spread; the longest run is the wall time no worker count beats.
+    A sweep spec (SPEC.yaml) gets `iclab sweep SPEC.yaml --dry-run`'s plan: each point, its state and projection."""
     from iclab.experiments.estimate import estimate_experiment, format_seconds
     from iclab.experiments.registry import select
+
+    if paper is not None and paper.endswith((".yaml", ".yml")):
+        from iclab.experiments.sweep import load_sweep_spec
+
+        try:
+            parsed = load_sweep_spec(paper, validate=False)
+        except IclabError as e:
+            _fail(e)
+        _dry_run(parsed, Path("runs"), probe_steps)
+        return
 
     try:
         exps = select(paper)
@@ -328,27 +476,34 @@ def estimate(
 
 
 @app.command("train")
+@_time_limited
 def train_cmd(
     config: Annotated[Path, typer.Option("--config", help="YAML file with task/model/train sections")],
     overrides: Annotated[list[str] | None, typer.Argument(help="overrides like train.lr=0.01 model.n_layers=4")] = None,
+    time_limit: TimeLimitOpt = None,
 ) -> None:
-    """Train one model from a config file (resumable: same config, same directory)."""
-    from iclab.core.config import apply_overrides, load_yaml
+    """Train one model from a config file (resumable: same config, same directory). Errors are one line, as `iclab
+    run`'s: a config refused, an `out:` that cannot be written (probed before any work), a full disk, a divergence."""
+    from iclab.core.config import apply_overrides, config_hash, load_yaml
+    from iclab.core.io import probe_writable
     from iclab.training.run_config import parse_run_config, run_training
 
     try:
         cfg = parse_run_config(apply_overrides(load_yaml(config), overrides or []))
+        probe_writable(Path(cfg.out) / config_hash(cfg), "set another out: in the config")
+        result, out = run_training(cfg)
     except IclabError as e:
         _fail(e)
-    result, out = run_training(cfg)
     console.print(f"final test loss {result.final_test_loss:.6g} after {cfg.train.steps} steps; run in {out}")
 
 
 @app.command()
+@_time_limited
 def sweep(
     spec: Annotated[Path, typer.Argument(help="sweep spec YAML (see examples/sweeps/)")],
     out: Annotated[
-        Path, typer.Option(help="output root: points in OUT/<experiment>/..., the table in OUT/sweeps/")
+        Path,
+        typer.Option(help="output root: points in OUT/<experiment>/..., the table in OUT/sweeps/", parser=out_path),
     ] = Path("runs"),
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i] (experiment points)")] = "cpu",
     dry_run: Annotated[bool, typer.Option(help="list the points, their state and projected cost; run nothing")] = False,
@@ -358,35 +513,27 @@ def sweep(
     address: AddressOpt = None,
     cpus_per_task: CpusOpt = 1,
     gpus_per_task: GpusOpt = 0,
+    slurm: SlurmOpt = None,
+    time_limit: TimeLimitOpt = None,
 ) -> None:
     """Run an experiment (or a train config) over grid / zip / list axes and seeds; write OUT/sweeps/NAME/sweep.parquet
     and one figure per swept key. Finished points are reused; a failing point is reported and the others go on."""
-    from iclab.experiments.estimate import format_seconds
-    from iclab.experiments.sweep import format_failure, load_sweep_spec, run_sweep
+    from iclab.experiments._sweep_limits import MAX_POINTS
+    from iclab.experiments.sweep import check_points, format_failure, load_sweep_spec, run_sweep
 
     try:
-        parsed = load_sweep_spec(spec)
+        parsed = load_sweep_spec(spec, validate=False)
+        if not dry_run or parsed.size <= MAX_POINTS:  # a larger dry run validates each point as it plans it
+            check_points(parsed)
     except IclabError as e:
         _fail(e)
     if dry_run:
-        from iclab.experiments.estimate import plan_sweep as plan
-
-        table = Table(title=f"sweep {parsed.name}: {len(parsed.points())} points")
-        for col in ("point", "state", "projected", "run directory"):
-            table.add_column(col)
-        try:
-            rows = plan(parsed, out=out, probe_steps=probe_steps)
-        except IclabError as e:
-            _fail(e)
-        for r in rows:
-            table.add_row(r["point"], r["state"], format_seconds(r["projected_seconds"]), r["run_dir"])
-        Console().print(table)
-        console.print(f"projected total: {format_seconds(sum(r['projected_seconds'] for r in rows))} of one worker")
+        _dry_run(parsed, out, probe_steps)
         return
-    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task)
+    pool = _backend(backend, workers, address, cpus_per_task, gpus_per_task, slurm)
     try:
         with _progress() as bar:
-            task = bar.add_task(f"sweep {parsed.name}", total=len(parsed.points()))
+            task = bar.add_task(f"sweep {parsed.name}", total=parsed.size)
             result = run_sweep(parsed, out=out, backend=pool, device=device, on_done=lambda _: bar.advance(task))
     except IclabError as e:
         _fail(e)
@@ -402,20 +549,51 @@ def sweep(
         raise typer.Exit(1)
 
 
+def _dry_run(parsed: Any, out: Path, probe_steps: int) -> None:
+    """``iclab sweep --dry-run``: one line per point as it is planned (a large sweep streams: nothing expanded), then
+    the projected total."""
+    from iclab.experiments.estimate import format_seconds, iter_plan_sweep
+
+    stdout = Console(soft_wrap=True)
+    stdout.print(f"sweep {parsed.name}: {parsed.size} points\npoint\tstate\tprojected\trun directory", markup=False)
+    total = 0.0
+    try:
+        for r in iter_plan_sweep(parsed, out=out, probe_steps=probe_steps):
+            total += r["projected_seconds"]
+            line = f"{r['point']}\t{r['state']}\t{format_seconds(r['projected_seconds'])}\t{r['run_dir']}"
+            stdout.print(line, markup=False, highlight=False)
+    except IclabError as e:
+        _fail(e)
+    console.print(f"projected total: {format_seconds(total)} of one worker")
+
+
 @app.command()
 def bench(
     out: Annotated[Path, typer.Option(help="where to write the benchmark JSON")] = Path("benchmarks/results"),
     quick: Annotated[bool, typer.Option(help="fewer repetitions")] = False,
     presets: Annotated[bool, typer.Option(help="also time every experiment at the quick preset")] = False,
     device: Annotated[str, typer.Option(help="cpu | cuda")] = "cpu",
+    roofline: Annotated[
+        bool, typer.Option("--roofline", help="every paper's step against its FLOP and memory bound")
+    ] = False,
+    smoke: Annotated[bool, typer.Option(help="with --roofline: tiny shapes (seconds)")] = False,
+    only: Annotated[str | None, typer.Option(help="with --roofline: the steps whose key contains this")] = None,
 ) -> None:
-    """Measure matmul peak, training-step throughput and preset times; write JSON and print a table."""
-    from iclab.bench import run_benchmarks
+    """Measure matmul peak, training-step throughput and preset times; write JSON and print a table.
+    ``--roofline``: every paper's training step against its roofline (roofline-<device>.json)."""
+    if roofline:
+        from iclab.roofline import run_roofline
 
-    try:
-        report = run_benchmarks(out, quick=quick, device=device, presets=presets)
-    except IclabError as e:
-        _fail(e)
+        rows = run_roofline(out, device=device, smoke=smoke, rounds=2 if quick else 3, only=only)["steps"]
+        report: dict[str, object] = {k: f"{r['ms_per_step']:.3g} ms, {r['x_bound']:.2f}x its {r['bound']} bound"
+                                     for k, r in rows.items()}  # fmt: skip
+    else:
+        from iclab.bench import run_benchmarks
+
+        try:
+            report = run_benchmarks(out, quick=quick, device=device, presets=presets)
+        except IclabError as e:
+            _fail(e)
     table = Table(title="iclab bench")
     table.add_column("benchmark")
     table.add_column("result")

@@ -22,3 +22,28 @@ from iclab.algorithms.pcr import PCR as PCR
 from iclab.algorithms.polynomial import BlockCoordinateDescent as BlockCoordinateDescent
 from iclab.algorithms.polynomial import FeatureLeastSquares as FeatureLeastSquares
 from iclab.algorithms.polynomial import KernelGD as KernelGD
+
+__all__ = [
+    "PCR",
+    "PGD",
+    "BayesClassifier",
+    "BayesPosteriorMean",
+    "BlockCoordinateDescent",
+    "BudgetProbe",
+    "CategoricalFunctionalGD",
+    "FeatureLeastSquares",
+    "FunctionalGD",
+    "FunctionalGDPlusPlus",
+    "GDPlusPlus",
+    "GaussianProcessPosterior",
+    "KernelGD",
+    "KernelRidge",
+    "LabelFrequency",
+    "LeastSquares",
+    "LinearProbe",
+    "NearestClassMean",
+    "ProbeConvergenceWarning",
+    "Ridge",
+    "gd",
+    "pgd",
+]

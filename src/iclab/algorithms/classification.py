@@ -355,6 +355,7 @@ class BayesClassifier:
     """
 
     def predict(self, episode: Episode) -> Tensor:
+        """Log-probabilities (B, C) of each class at the query under the task's true class densities."""
         return log_probabilities(episode.task, episode.x_query.unsqueeze(1)).squeeze(1)
 
 
@@ -376,6 +377,7 @@ class NearestClassMean:
         require(self, "eps", 0 < self.eps < 1, "a float in (0, 1)")
 
     def predict(self, episode: Episode) -> Tensor:
+        """Logits (B, C) from the query's distances to the context's class means."""
         labels = _classification("NearestClassMean", episode, self.num_classes)
         onehot = torch.nn.functional.one_hot(labels, self.num_classes).to(episode.x)  # (B, n, C)
         counts = onehot.sum(1)  # (B, C)
@@ -402,6 +404,7 @@ class LabelFrequency:
         require(self, "smoothing", self.smoothing > 0, "a float > 0")
 
     def predict(self, episode: Episode) -> Tensor:
+        """Log-frequencies (B, C) of the labels in the context (the query ignored)."""
         labels = _classification("LabelFrequency", episode, self.num_classes)
         counts = torch.nn.functional.one_hot(labels, self.num_classes).sum(1).to(episode.x) + self.smoothing
         return (counts / counts.sum(-1, keepdim=True)).log()  # (B, C)

@@ -98,6 +98,7 @@ class FunctionalGD:
 
     @property
     def kernel_fn(self) -> Kernel | CompositeKernel:
+        """The kernel the functional-GD steps use."""
         return self._kernel  # type: ignore[attr-defined]  # set by __post_init__ (frozen: object.__setattr__)
 
     @property
@@ -165,6 +166,7 @@ class FunctionalGD:
         return -self._label_rows(episode)[:, :, episode.n]
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) after the functional-GD steps (B, C logits for the categorical loss)."""
         return self.trajectory(episode)[-1]
 
     def residuals(self, episode: Episode) -> Tensor:
@@ -380,6 +382,7 @@ class FunctionalGDPlusPlus:
         return torch.stack(preds)
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) after the FGD++ steps."""
         return self.trajectory(episode)[-1]
 
 
@@ -415,6 +418,7 @@ class KernelRidge:
         _check_map(type(self).__name__, "transform", self.transform)
 
     def predict(self, episode: Episode) -> Tensor:
+        """The kernel ridge regression prediction (B,) at the query."""
         x, y = _regression(type(self).__name__, episode)
         n = episode.n
         pts = _apply("KernelRidge", "transform", self.transform, torch.cat([x, episode.x_query.unsqueeze(1)], dim=1))
@@ -501,6 +505,7 @@ class GaussianProcessPosterior:
         return evecs @ (inv.unsqueeze(-1) * (evecs.transpose(-1, -2) @ rhs))
 
     def predict(self, episode: Episode) -> Tensor:
+        """The GP posterior mean (B,) at the query."""
         _, y = _regression(type(self).__name__, episode)
         Khat, nu, _, _ = self._blocks(episode)
         return (nu.unsqueeze(1) @ self._solve(Khat, y.unsqueeze(-1))).reshape(-1)

@@ -68,6 +68,7 @@ class PGD:
         return torch.stack(ws)
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) after the preconditioned GD steps from w = 0."""
         return torch.einsum("bd,bd->b", self.weights(episode)[-1], episode.x_query)
 
 
@@ -114,6 +115,7 @@ class GDPlusPlus:
         )
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) after the GD++ steps."""
         x, r = _regression("GDPlusPlus", episode)
         n, d = episode.n, episode.d
         gamma = (

@@ -22,6 +22,7 @@ class LeastSquares:
     """Minimum-norm least squares w = X⁺y (the OLS baseline of Ahn et al. 2023, Fig. 6)."""
 
     def predict(self, episode: Episode) -> Tensor:
+        """The least-squares prediction (B,) at the query."""
         x, y = _xy("LeastSquares", episode)
         w = torch.linalg.pinv(x) @ y.unsqueeze(-1)  # (B, d, 1)
         return (episode.x_query.unsqueeze(1) @ w).reshape(-1)
@@ -37,6 +38,7 @@ class Ridge:
         require(self, "lam", self.lam > 0, "a float > 0 (use LeastSquares for λ = 0)")
 
     def predict(self, episode: Episode) -> Tensor:
+        """The ridge regression prediction (B,) at the query."""
         x, y = _xy("Ridge", episode)
         n, d = episode.n, episode.d
         gram = x.transpose(1, 2) @ x / n + self.lam * torch.eye(d, dtype=x.dtype, device=x.device)
@@ -60,6 +62,7 @@ class BayesPosteriorMean:
     noise_var: float | None = None
 
     def predict(self, episode: Episode) -> Tensor:
+        """The posterior-mean prediction (B,) at the query."""
         x, y = _xy("BayesPosteriorMean", episode)
         n, d = episode.n, episode.d
         sw = self.prior_cov if self.prior_cov is not None else episode.task.get("w_cov")

@@ -99,6 +99,7 @@ class PCR:
         return E @ core @ E.mT
 
     def predict(self, episode: Episode) -> Tensor:
+        """The principal-component-regression prediction (B,) at the query."""
         W = self.matrix(episode)
         beta = torch.einsum("bnd,bn->bd", episode.x, episode.y) / episode.n  # (B, d), eq. (4)
         W = W.expand(episode.batch_size, *W.shape[-2:])  # (B, d, d)

@@ -54,6 +54,7 @@ class KernelGD:
         require(self, "preconditioner", A.dim() == 2 and A.shape[0] == A.shape[1], "a (p, p) matrix", tuple(A.shape))
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) after the kernel-GD steps."""
         x, y = _xy("KernelGD", episode)
         phi, phq = features(x, self.kind), features(episode.x_query, self.kind)  # (B, n, p), (B, p)
         A = torch.as_tensor(self.preconditioner).to(x)
@@ -98,6 +99,7 @@ class BlockCoordinateDescent:
         return torch.stack(out)
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) after the block-coordinate-descent steps."""
         return self.iterates(episode)[-1]
 
 
@@ -118,6 +120,7 @@ class FeatureLeastSquares:
         require(self, "ridge", self.ridge >= 0, "a float >= 0")
 
     def predict(self, episode: Episode) -> Tensor:
+        """The query prediction (B,) of least squares on the polynomial features."""
         x, y = _xy("FeatureLeastSquares", episode)
         a = monomial_set(episode.d, self.monomials, owner="FeatureLeastSquares")
         phi, phq = monomials(x, a), monomials(episode.x_query, a)  # (B, n, M), (B, M)

@@ -15,3 +15,21 @@ from iclab.constructions.kernel_attention import stationary_point as stationary_
 from iclab.constructions.linear_attention import gd_plus_plus as gd_plus_plus
 from iclab.constructions.linear_attention import one_layer as one_layer
 from iclab.constructions.linear_attention import pgd as pgd
+
+__all__ = [
+    "bcd",
+    "bcd_reference_gammas",
+    "categorical_gd",
+    "functional_gd",
+    "functional_gd_multihead",
+    "gd_algorithm",
+    "gd_form",
+    "gd_plus_plus",
+    "kernel_gd_block",
+    "one_layer",
+    "pgd",
+    "prop4_counterexample",
+    "quadratic_ffn_weights",
+    "single_step",
+    "stationary_point",
+]

@@ -11,3 +11,17 @@ from iclab.core.numerics import congruence_dist_to_identity as congruence_dist_t
 from iclab.core.numerics import dist_to_identity as dist_to_identity
 from iclab.core.seeding import derive_seed as derive_seed
 from iclab.core.seeding import generator as generator
+
+__all__ = [
+    "ConfigError",
+    "Episode",
+    "IclabError",
+    "Learner",
+    "ShapeError",
+    "congruence_dist_to_identity",
+    "derive_seed",
+    "dist_to_identity",
+    "generator",
+    "require",
+    "resolve_device",
+]

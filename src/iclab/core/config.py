@@ -19,7 +19,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import re
 import types
 import typing
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, Literal, TypeVar, cast, get_args, get_origin
 import yaml
 
 from iclab.core.errors import ConfigError, did_you_mean
+from iclab.core.safe_parse import DocumentError, load_yaml_file, load_yaml_text
 
 T = TypeVar("T")
 
@@ -229,28 +229,10 @@ def to_dict(obj: Any) -> Any:
     return obj
 
 
-class YamlLoader(yaml.SafeLoader):
-    """PyYAML's safe loader reading floats as YAML 1.2 does: ``1e-3`` and ``2E5`` are numbers, not strings (YAML 1.1
-    wants ``1.0e-3``), so ``train.lr=1e-3`` means what a researcher typed."""
-
-
-YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-def yaml_load(text: str) -> Any:
-    """``yaml.safe_load`` with :class:`YamlLoader` (YAML 1.2 floats)."""
-    return yaml.load(text, Loader=YamlLoader)
+def yaml_load(text: str, what: str = "YAML") -> Any:
+    """Parse YAML with :class:`~iclab.core.safe_parse.YamlLoader` (a ``yaml.SafeLoader`` with YAML 1.2 floats,
+    bounded: no anchors or aliases, no repeated keys, bounded size and nesting)."""
+    return load_yaml_text(text, what=what)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -263,7 +245,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if raw == "":
         return key.split("."), ""
     try:
-        value = yaml_load(raw)
+        value = yaml_load(raw, what="the value")
+    except DocumentError as e:
+        raise ConfigError(f"override {item[:200]!r}: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"override {item!r}: the value is not valid YAML ({_yaml_problem(e)})") from None
     return key.split("."), value
@@ -298,8 +282,12 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:
-        data = yaml_load(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        data = load_yaml_file(p, what=f"config file {str(p)!r}")
+    except DocumentError:
+        raise
+    except OSError as e:
+        raise ConfigError(f"config file {str(p)!r} cannot be read ({e.strerror or e})") from None
+    except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(p)!r} is not valid YAML ({_yaml_problem(e)})") from None
     if data is None:  # an empty file: every default
         return {}

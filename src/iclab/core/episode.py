@@ -71,6 +71,7 @@ class Episode:
 
     @property
     def batch_size(self) -> int:
+        """Number of prompts B."""
         return self.x.shape[0]
 
     @property
@@ -80,14 +81,17 @@ class Episode:
 
     @property
     def d(self) -> int:
+        """Covariate dimension d."""
         return self.x.shape[2]
 
     @property
     def dtype(self) -> torch.dtype:
+        """Floating dtype of the covariates."""
         return self.x.dtype
 
     @property
     def device(self) -> torch.device:
+        """Device of the covariates."""
         return self.x.device
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> Episode:

@@ -9,19 +9,20 @@ is ever executed (``torch.load(weights_only=True)``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import pickle
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from iclab.core.errors import CorruptFileError
+from iclab.core.errors import CorruptFileError, OutputError
 
 
 def _umask() -> int:
@@ -33,7 +34,7 @@ def _umask() -> int:
 FILE_MODE = 0o666 & ~_umask()  # what open() would give a new file (mkstemp's own is 0600: a report others cannot read)
 
 
-def _atomic(path: Path, write: Any, mode: str) -> None:
+def _atomic(path: Path, write: Any, mode: str, before_replace: Callable[[], None] | None = None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -42,10 +43,17 @@ def _atomic(path: Path, write: Any, mode: str) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -57,12 +65,15 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
 
 
 def atomic_torch_save(path: str | Path, obj: Any) -> None:
-    """``torch.save`` atomically, then its SHA-256 sidecar (a crash between the two reads as a damaged file)."""
+    """``torch.save`` atomically, then its SHA-256 sidecar.
+
+    The old sidecar is removed before the new bytes take the name, so at every instant the file has its own sidecar or
+    none (format-checked only): a crash between any two steps leaves a file that verifies, never a mismatch."""
     path = Path(path)
     buf = io.BytesIO()
     torch.save(obj, buf)
     data = buf.getvalue()
-    _atomic(path, lambda f: f.write(data), "wb")
+    _atomic(path, lambda f: f.write(data), "wb", before_replace=lambda: _unlink(_sidecar(path)))
     atomic_write_text(_sidecar(path), hashlib.sha256(data).hexdigest() + "\n")
 
 
@@ -101,23 +112,30 @@ def _first_line(e: BaseException) -> str:
 
 
 def rotate(path: str | Path, to: str | Path) -> None:
-    """Rename ``path`` (and its sidecar) to ``to``, replacing what is there: keeps the previous version of a file."""
+    """Rename ``path`` (and its sidecar) to ``to``, replacing what is there: keeps the previous version of a file.
+
+    Three steps, each leaving files that verify after a crash: ``to``'s sidecar is removed, ``path`` takes the name
+    ``to`` (now without a sidecar: format-checked only), then ``path``'s sidecar follows it."""
     path, to = Path(path), Path(to)
+    _unlink(_sidecar(to))
     os.replace(path, to)
     if _sidecar(path).exists():
         os.replace(_sidecar(path), _sidecar(to))
-    else:
-        _sidecar(to).unlink(missing_ok=True)
 
 
 def quarantine(path: str | Path) -> Path:
-    """Move a damaged file (and its sidecar) aside to ``<name>.corrupt`` so nothing is lost and it is not read again."""
+    """Move a damaged file (and its sidecar) aside so nothing is lost and it is not read again: to ``<name>.corrupt``,
+    or ``<name>.corrupt.1``, ``.corrupt.2``, ... when that is taken (an earlier quarantine is never overwritten)."""
     path = Path(path)
     dest = path.with_name(path.name + ".corrupt")
+    n = 0
+    while dest.exists() or _sidecar(dest).exists():
+        n += 1
+        dest = path.with_name(f"{path.name}.corrupt.{n}")
     os.replace(path, dest)
     side = _sidecar(path)
     if side.exists():
-        os.replace(side, dest.with_name(dest.name + ".sha256"))
+        os.replace(side, _sidecar(dest))
     return dest
 
 
@@ -134,7 +152,23 @@ def _json_default(o: Any) -> Any:
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; a damaged one raises ``CorruptFileError`` naming it."""
     path = Path(path)
+    from iclab.core.safe_parse import DocumentError, load_json_file  # bounded: size, nesting, repeated keys
+
     try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return load_json_file(path, what="the file")
+    except (OSError, DocumentError) as e:
         raise CorruptFileError(path, f"not readable JSON ({e})") from e
+
+
+def probe_writable(folder: str | Path, hint: str = "choose another --out") -> None:
+    """Create ``folder`` and write (then remove) a small file in it, before any work: a directory that cannot be
+    written (read-only, ``/proc``, a full disk) raises ``OutputError`` naming it and ``hint``, not a traceback after
+    the run."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        atomic_write_text(probe, "iclab\n")
+        _unlink(probe)
+    except OSError as e:
+        raise OutputError(f"cannot write the run directory {folder} ({e.strerror or e}); {hint}") from e

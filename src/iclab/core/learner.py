@@ -17,4 +17,6 @@ class Learner(Protocol):
     sign convention the paper's read-out uses.
     """
 
-    def predict(self, episode: Episode) -> Tensor: ...
+    def predict(self, episode: Episode) -> Tensor:
+        """The prediction for each prompt's query: ``(B,)`` for regression, ``(B, C)`` class logits."""
+        ...

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,8 +185,13 @@ def plan_sweep(spec: SweepSpec, *, out: str | Path = "runs", probe_steps: int = 
     """Each point with its run directory, whether it is ``done``, started (``partial``) or ``new``, and its projected
     seconds on one worker (a cost probe of ``probe_steps`` and half as many steps, :mod:`iclab.experiments.estimate`;
     0 when done). Points that differ only in their seed are probed once."""
-    rows, cache = [], {}
-    for p in spec.points():
+    return list(iter_plan_sweep(spec, out=out, probe_steps=probe_steps))
+
+
+def iter_plan_sweep(spec: SweepSpec, *, out: str | Path = "runs", probe_steps: int = 50) -> Iterator[dict[str, Any]]:
+    """:func:`plan_sweep` one point at a time (each point's config validated as it comes): a plan that streams."""
+    cache: dict[tuple[tuple[str, str], ...], float] = {}
+    for p in spec.iter_points():
         _, rel = resolve_point(p)
         run_dir = Path(out) / rel if spec.experiment else rel
         done = (run_dir / "results.pt").is_file() if spec.experiment else _train_done(rel)
@@ -194,8 +200,7 @@ def plan_sweep(spec: SweepSpec, *, out: str | Path = "runs", probe_steps: int = 
         if not done and key not in cache:
             cache[key] = _estimate(p, probe_steps)
         seconds = 0.0 if done else cache[key]
-        rows.append({"point": p.label, "state": state, "projected_seconds": seconds, "run_dir": str(run_dir)})
-    return rows
+        yield {"point": p.label, "state": state, "projected_seconds": seconds, "run_dir": str(run_dir)}
 
 
 def _estimate(point: Point, probe_steps: int) -> float:

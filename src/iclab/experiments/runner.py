@@ -37,6 +37,7 @@ from iclab.core.io import (
     read_json,
     safe_torch_load,
 )
+from iclab.core.safe_parse import is_finite_number
 from iclab.experiments.backends import Backend, RayBackend
 from iclab.experiments.registry import (
     CARD_PACKAGES,
@@ -47,12 +48,16 @@ from iclab.experiments.registry import (
     all_experiments,
     get,
 )
+from iclab.training.stop import Stopped
+from iclab.training.trainer import CHECKPOINT
 
 log = logging.getLogger("iclab")
 
 
 @dataclass
 class ExperimentResult:
+    """What :func:`run_experiment` returns: the resolved config, the run directory, the card's results, its checked claims and figure paths."""
+
     experiment: Experiment
     preset: str
     config: Any
@@ -69,6 +74,7 @@ class ExperimentResult:
         return all(c.passed for c in self.claims if c.checked)
 
     def claims_json(self) -> list[dict[str, Any]]:
+        """The claims as JSON-ready dicts (``claims.json``)."""
         return [c.to_dict() for c in self.claims]
 
 
@@ -123,7 +129,8 @@ def run_experiment(
     exp = get(name)
     cfg = resolve_config(exp, preset, overrides, seeds)
     dev = resolve_device(device)
-    run_dir = Path(out) / exp.name / f"{preset}-{config_hash(cfg)}"
+    out = Path(out).absolute()  # every path a task gets is absolute: a worker's working directory may be elsewhere
+    run_dir = out / exp.name / f"{preset}-{config_hash(cfg)}"
     config_text = yaml.safe_dump({"experiment": exp.name, "preset": preset, "config": to_dict(cfg)}, sort_keys=False)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -148,15 +155,12 @@ def _run_locked(
 ) -> ExperimentResult:
     t0 = time.perf_counter()
     results_path = run_dir / "results.pt"
-    results, reused = None, False
-    if results_path.is_file() and not force:
-        try:
-            results, reused = safe_torch_load(results_path, allowed=results_types()), True
-        except CorruptFileError as e:
-            dest = quarantine(results_path)
-            log.warning("damaged results %s; moved to %s, recomputing", e, dest.name)
-    if results is None:
-        task_device = "cuda" if isinstance(backend, RayBackend) and backend.gpus_per_task > 0 else None
+    reuse = None if force else reuse_results(exp, preset, cfg, run_dir)
+    reused = reuse is not None
+    if reuse is not None:
+        results, figures, claims = reuse
+    else:
+        task_device = getattr(backend, "task_device", None)  # "cuda" for Ray or SLURM tasks with GPUs
         ctx = RunContext(
             out_dir=run_dir,
             device=dev,
@@ -166,7 +170,11 @@ def _run_locked(
             backend=backend,
             task_device=task_device,
         )
-        results = exp.run(cfg, ctx)
+        _say_resuming(exp.name, run_dir, progress)
+        try:
+            results = exp.run(cfg, ctx)
+        except Stopped as e:  # its runs checkpointed: no results, no claims (the experiment is not finished)
+            raise Stopped(f"{exp.name}: {progress_text(run_dir, e.not_started)}", e.reason, e.not_started) from None
         try:
             atomic_torch_save(results_path, results)
         except OSError as e:
@@ -174,12 +182,11 @@ def _run_locked(
                 f"{exp.name}: could not write {results_path} ({e.strerror or e}); the training runs' checkpoints are "
                 "kept: free space and run the same command again"
             ) from e
-    figures = exp.plot(results, cfg, run_dir)
-    claims = judge(preset, exp.claims(results, cfg))
+        figures = exp.plot(results, cfg, run_dir)
+        claims = judge(preset, exp.claims(results, cfg))
     seconds = time.perf_counter() - t0
-    if reused:
-        with contextlib.suppress(CorruptFileError):  # a damaged summary only loses the first run's time
-            seconds = float(read_json(run_dir / "summary.json").get("seconds", seconds))
+    if reused:  # a damaged summary only loses the first run's time
+        seconds = stored_seconds(run_dir, seconds)
     atomic_write_json(run_dir / "claims.json", [c.to_dict() for c in claims])
     atomic_write_json(
         run_dir / "summary.json",
@@ -192,6 +199,103 @@ def _run_locked(
         },
     )
     return ExperimentResult(exp, preset, cfg, run_dir, results, claims, figures, seconds, reused)
+
+
+def run_progress(run_dir: Path) -> tuple[int, list[str]]:
+    """How much of a run directory's training is done, from the checkpoints under it: the runs finished, and each
+    partial run as ``"<run> at step k/K"``. Runs with no checkpoint (not started, or kept in memory) are not seen."""
+    finished, partial = 0, []
+    for path in sorted(run_dir.rglob(CHECKPOINT)):
+        try:
+            ck = safe_torch_load(path)
+        except CorruptFileError:
+            continue  # the trainer moves it aside and falls back when it resumes
+        if not isinstance(ck, dict):
+            continue
+        if ck.get("finished"):
+            finished += 1
+        else:
+            steps = ck.get("config", {}).get("steps", "?")
+            partial.append(f"{path.parent.relative_to(run_dir).as_posix()} at step {ck.get('step', '?')}/{steps}")
+    return finished, partial
+
+
+def progress_text(run_dir: Path, not_started: int = 0) -> str:
+    """:func:`run_progress` in words: "5 runs finished, 2 partial (seed5 at step 3000/8000, seed6 at step 120/8000),
+    4 not started"."""
+    finished, partial = run_progress(run_dir)
+    text = f"{finished} run{'s' * (finished != 1)} finished"
+    if partial:
+        shown = ", ".join(partial[:4]) + (f", {len(partial) - 4} more" if len(partial) > 4 else "")
+        text += f", {len(partial)} partial ({shown})"
+    if not_started:
+        text += f", {not_started} not started"
+    return text
+
+
+def _say_resuming(name: str, run_dir: Path, progress: Progress | None) -> None:
+    """Before work on a run directory that holds checkpoints: how much is done ("resuming: ...")."""
+    if not any(run_dir.rglob(CHECKPOINT)):
+        return
+    line = f"{name}: resuming: {progress_text(run_dir)}"
+    if progress is not None:
+        progress.console.print(line, soft_wrap=True, markup=False, highlight=False)  # one line, as written
+    else:
+        log.info(line)
+
+
+def reuse_results(
+    exp: Experiment, preset: str, cfg: Any, run_dir: Path
+) -> tuple[Any, list[Path], list[ClaimResult]] | None:
+    """The finished results of ``run_dir``, their figures and claims; ``None`` when there are none, or when
+    ``results.pt`` is damaged or does not hold this experiment's results (a pickle of another shape: ``{'hello': 1}``),
+    which the card's own ``plot`` and ``claims`` are the schema of. A damaged file is moved aside (numbered, never
+    over an earlier one) with one warning line, and the caller recomputes it."""
+    path = run_dir / "results.pt"
+    if not path.is_file():
+        return None
+    try:
+        results = safe_torch_load(path, allowed=results_types())
+        figures = exp.plot(results, cfg, run_dir)
+        claims = judge(preset, exp.claims(results, cfg))
+        if not isinstance(claims, list) or not all(isinstance(c, ClaimResult) for c in claims):
+            raise TypeError("its claims are not a list of claims")
+    except CorruptFileError as e:
+        reason = e.reason
+    except (IclabError, ArithmeticError, LookupError, TypeError, AttributeError, ValueError, RuntimeError) as e:
+        text = str(e).strip().splitlines()
+        reason = f"does not hold {exp.name}'s results ({type(e).__name__}: {text[0][:200] if text else ''})"
+    else:
+        return results, figures, claims
+    dest = quarantine(path)
+    log.warning("damaged results %s: %s; moved to %s, recomputing", path, reason, dest.name)
+    return None
+
+
+def stored_seconds(run_dir: Path, default: float) -> float:
+    """The first run's wall time from ``summary.json``: ``default`` when the file is missing, damaged or holds no
+    finite time ≥ 0 (``[]``, ``null``, ``{"seconds": "abc"}``); a damaged one is moved aside with one warning line
+    (the caller rewrites it)."""
+    path = run_dir / "summary.json"
+    if not path.is_file():
+        return default
+    try:
+        summary = read_json(path)
+    except CorruptFileError as e:
+        reason = e.reason
+    else:
+        seconds = summary.get("seconds") if isinstance(summary, dict) else None
+        if is_finite_number(seconds) and seconds >= 0:
+            return float(seconds)
+        reason = f"holds no time in seconds (got {_short(summary)})"
+    dest = quarantine(path)
+    log.warning("damaged summary %s: %s; moved to %s, rewriting it", path, reason, dest.name)
+    return default
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def results_types() -> list[type]:

@@ -17,268 +17,119 @@ run, in the same run directory, so finished points are reused and interrupted on
 backend (:mod:`iclab.experiments.backends`); a failing point is recorded and the others go on. Output in
 ``<out>/sweeps/<name>/``: ``sweep.parquet`` (one row per point and seed), ``sweep.yaml``, ``summary.json`` and
 ``sweep_<key>.png`` per swept key; the columns are in docs/scaling.md.
+
+The spec (:class:`SweepSpec`, :class:`Point`, :func:`load_sweep_spec`, :func:`resolve_point`) lives in
+``iclab.experiments._sweep_spec``; every public name of it is importable from here.
 """
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
-import itertools
+import datetime
 import math
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from iclab.core.config import apply_overrides, config_hash, load_yaml, to_dict
-from iclab.core.errors import ConfigError, OutputError, did_you_mean
+from iclab.core.config import config_hash
+from iclab.core.errors import ConfigError, OutputError
 from iclab.core.io import atomic_write_json, atomic_write_text
+from iclab.experiments._sweep_limits import check_inside
+from iclab.experiments._sweep_spec import KEYS as KEYS
+from iclab.experiments._sweep_spec import ROW_COLUMNS as ROW_COLUMNS
+from iclab.experiments._sweep_spec import SWEEP_COLUMNS as SWEEP_COLUMNS
+from iclab.experiments._sweep_spec import Point as Point
+from iclab.experiments._sweep_spec import SweepSpec as SweepSpec
+from iclab.experiments._sweep_spec import _cell
+from iclab.experiments._sweep_spec import check_points as check_points
+from iclab.experiments._sweep_spec import load_sweep_spec as load_sweep_spec
+from iclab.experiments._sweep_spec import resolve_point as resolve_point
 from iclab.experiments.backends import Backend, LocalBackend, Outcome, RayBackend
-
-KEYS = {"name", "experiment", "train", "preset", "overrides", "grid", "zip", "list", "seeds", "metrics"}
-SWEEP_COLUMNS = ("status", "claims_passed", "claims_total", "seconds", "host", "reused", "run_dir", "error")
-
-
-@dataclass(frozen=True)
-class SweepSpec:
-    """A validated sweep: what to run (``experiment`` at ``preset``, or the ``train`` config file), the fixed
-    ``overrides`` and the axes."""
-
-    name: str
-    experiment: str | None = None
-    train: Path | None = None
-    preset: str = "quick"
-    overrides: tuple[str, ...] = ()
-    grid: dict[str, list[Any]] = field(default_factory=dict)
-    zip: dict[str, list[Any]] = field(default_factory=dict)
-    list: tuple[dict[str, Any], ...] = ()
-    seeds: tuple[int, ...] | None = None
-    metrics: tuple[str, ...] | None = None  # the metrics the figures show (default: every numeric one)
-
-    @property
-    def keys(self) -> builtins.list[str]:
-        """The swept keys, in the order of the spec (seed last)."""
-        keys = [*self.grid, *self.zip]
-        for entry in self.list:
-            keys += [k for k in entry if k not in keys]
-        return keys
-
-    def points(self) -> builtins.list[Point]:
-        """Every point: grid × zip × list × seeds."""
-        grid = [dict(zip(self.grid, vals, strict=True)) for vals in itertools.product(*self.grid.values())]
-        zipped = [dict(zip(self.zip, vals, strict=True)) for vals in zip(*self.zip.values(), strict=True)] or [{}]
-        listed = [dict(e) for e in self.list] or [{}]
-        seeds: list[int | None] = list(self.seeds) if self.seeds is not None else [None]
-        out = []
-        for g, z, li, s in itertools.product(grid, zipped, listed, seeds):
-            values = {**g, **z, **li}
-            out.append(Point(self, values, s))
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name}
-        d.update({"experiment": self.experiment} if self.experiment else {"train": str(self.train)})
-        if self.experiment:
-            d["preset"] = self.preset
-        d.update(overrides=list(self.overrides), grid=self.grid, zip=self.zip, list=[dict(e) for e in self.list])
-        if self.seeds is not None:
-            d["seeds"] = list(self.seeds)
-        if self.metrics is not None:
-            d["metrics"] = list(self.metrics)
-        return d
-
-
-@dataclass(frozen=True)
-class Point:
-    """One run of a sweep: the spec's fixed overrides plus this point's ``values`` (and ``seed``)."""
-
-    spec: SweepSpec
-    values: dict[str, Any]
-    seed: int | None = None
-
-    @property
-    def label(self) -> str:
-        parts = [f"{k}={_text(v)}" for k, v in self.values.items()]
-        if self.seed is not None:
-            parts.append(f"seed={self.seed}")
-        return ",".join(parts) or "default"
-
-    @property
-    def overrides(self) -> list[str]:
-        """``key=value`` overrides, as ``iclab run`` / ``iclab train`` take them (values in YAML flow style)."""
-        extra = {**self.values, **({"seed": self.seed} if self.seed is not None else {})}
-        return [*self.spec.overrides, *(f"{k}={_yaml_value(v)}" for k, v in extra.items())]
-
-
-# --------------------------------------------------------------------------------------------------- the spec
-
-
-def load_sweep_spec(path: str | Path | dict[str, Any], *, name: str | None = None) -> SweepSpec:
-    """Read and validate a sweep spec (a YAML file or a dict); every point's config is checked before any work."""
-    base = Path(".")
-    if isinstance(path, dict):
-        data, default_name = dict(path), "sweep"
-    else:
-        path = Path(path)
-        data, default_name, base = load_yaml(path), path.stem, path.parent
-    if not isinstance(data, dict):
-        raise ConfigError(f"a sweep spec must be a mapping of experiment/train, grid, ...; got {type(data).__name__}")
-    unknown = [k for k in data if k not in KEYS]
-    if unknown:
-        raise ConfigError(f"sweep spec: unknown key {unknown[0]!r}{did_you_mean(str(unknown[0]), KEYS)}")
-    if ("experiment" in data) == ("train" in data):
-        raise ConfigError("sweep spec: give exactly one of `experiment: NAME` or `train: CONFIG.yaml`")
-    overrides = data.get("overrides") or []
-    if isinstance(overrides, dict):
-        overrides = [f"{k}={_yaml_value(v)}" for k, v in overrides.items()]
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
-        raise ConfigError(f"sweep spec: overrides must be a list of key=value strings or a mapping; got {overrides!r}")
-    grid = _axis(data, "grid")
-    zipped = _axis(data, "zip")
-    lengths = {k: len(v) for k, v in zipped.items()}
-    if len(set(lengths.values())) > 1:
-        raise ConfigError(f"sweep spec: zip axes must have equal lengths; got {lengths}")
-    listed = data.get("list") or []
-    if not isinstance(listed, list) or not all(isinstance(e, dict) and e for e in listed):
-        raise ConfigError(f"sweep spec: list must be a list of non-empty mappings key: value; got {listed!r}")
-    for e in listed:
-        _check_keys(e, "list")
-    seeds = data.get("seeds")
-    if seeds is not None:
-        if isinstance(seeds, int) and not isinstance(seeds, bool):
-            seeds = list(range(seeds))
-        if not isinstance(seeds, list) or not seeds or not all(_is_int(s) for s in seeds):
-            raise ConfigError(f"sweep spec: seeds must be an int count or a non-empty list of ints; got {seeds!r}")
-        if len(set(seeds)) != len(seeds):
-            raise ConfigError(f"sweep spec: seeds repeat: {seeds}")
-    swept = [*grid, *zipped, *(k for e in listed for k in e)]
-    dup = sorted({k for k in [*grid, *zipped] if list(grid).count(k) + list(zipped).count(k) > 1})
-    if dup:
-        raise ConfigError(f"sweep spec: key(s) {dup} appear in more than one axis")
-    if seeds is not None and "seed" in swept:
-        raise ConfigError("sweep spec: sweep `seed` with `seeds:`, not as an axis key")
-    metrics = data.get("metrics")
-    if metrics is not None and (not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics)):
-        raise ConfigError(f"sweep spec: metrics must be a list of column names; got {metrics!r}")
-    name = str(name or data.get("name") or default_name)
-    if not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise ConfigError(f"sweep spec: name must be letters, digits, '-', '_' or '.'; got {name!r}")
-    train = None
-    if "train" in data:
-        train = Path(str(data["train"]))
-        train = train if train.is_absolute() else base / train
-        if not train.is_file():
-            raise ConfigError(f"sweep spec: train config {train} does not exist")
-        if "preset" in data:
-            raise ConfigError("sweep spec: `preset` is for experiments; a train config is its own preset")
-    spec = SweepSpec(
-        name=name,
-        experiment=str(data["experiment"]) if "experiment" in data else None,
-        train=train,
-        preset=str(data.get("preset", "quick")),
-        overrides=tuple(overrides),
-        grid=grid,
-        zip=zipped,
-        list=tuple(listed),
-        seeds=tuple(int(s) for s in seeds) if seeds is not None else None,
-        metrics=tuple(metrics) if metrics is not None else None,
-    )
-    for p in spec.points():
-        resolve_point(p)  # every point's config validated before any work: the error names the point
-    return spec
-
-
-def _axis(data: dict[str, Any], key: str) -> dict[str, list[Any]]:
-    axis = data.get(key) or {}
-    if not isinstance(axis, dict) or not all(isinstance(v, list) and v for v in axis.values()):
-        raise ConfigError(f"sweep spec: {key} must map dotted keys to non-empty lists of values; got {axis!r}")
-    _check_keys(axis, key)
-    return {str(k): list(v) for k, v in axis.items()}
-
-
-def _check_keys(d: dict[str, Any], where: str) -> None:
-    for k in d:
-        if not isinstance(k, str) or not k or k in SWEEP_COLUMNS:
-            raise ConfigError(f"sweep spec: {where} key {k!r} is not a config key")
-
-
-def resolve_point(point: Point) -> tuple[Any, Path]:
-    """The point's validated config and run directory (what ``iclab run`` / ``iclab train`` would use)."""
-    spec = point.spec
-    try:
-        if spec.experiment is not None:
-            from iclab.experiments.registry import get
-            from iclab.experiments.runner import resolve_config
-
-            exp = get(spec.experiment)
-            if point.seed is not None and "seed" not in {f.name for f in dataclasses.fields(exp.config)}:
-                raise ConfigError(
-                    f"{exp.name} has no `seed` key (it runs `seeds` seeds itself): sweep `seeds: [...]` needs a seed "
-                    "key; sweep the number of seeds with `grid: {seeds: [...]}` instead"
-                )
-            cfg = resolve_config(exp, spec.preset, point.overrides)
-            return cfg, Path(exp.name) / f"{spec.preset}-{config_hash(cfg)}"
-        from iclab.training.run_config import parse_run_config
-
-        assert spec.train is not None
-        cfg = parse_run_config(apply_overrides(load_yaml(spec.train), point.overrides))
-        return cfg, Path(cfg.out) / config_hash(cfg)
-    except ConfigError as e:
-        raise ConfigError(f"sweep point {point.label}: {e}") from None
-
+from iclab.training.stop import Stopped
 
 # --------------------------------------------------------------------------------------------------- one point
 
 
 @dataclass(frozen=True)
 class PointTask:
-    """What a worker gets: the point and where to write (picklable)."""
+    """What a worker gets: the point and where to write (picklable); ``cwd``, the driver's working directory,
+    anchors a train config's relative ``out:`` (a worker's own working directory may be elsewhere)."""
 
     point: Point
     out: str
     device: str = "cpu"
+    cwd: str = dataclasses.field(default_factory=os.getcwd)
+
+
+DIVERGED_FACTOR = 1e6  # a train point whose final loss is this many times its first (or not finite) diverged
 
 
 def run_point(task: PointTask) -> dict[str, Any]:
-    """Run one point (reusing or resuming its run directory) and return its table row's results."""
-    point = task.point
-    spec = point.spec
-    t0 = time.perf_counter()
-    if spec.experiment is not None:
-        from iclab.experiments.runner import run_experiment
+    """Run one point (reusing or resuming its run directory) and return its table row's results: the metrics, the
+    claims (measured, expected, passed), the config hash, the start and end times and the compute seconds (a reused
+    point's original ones)."""
+    start = _now()
+    row = _run_experiment_point(task) if task.point.spec.experiment is not None else _run_train_point(task)
+    return {**row, "start": start, "end": _now()}
 
-        res = run_experiment(spec.experiment, spec.preset, out=task.out, device=task.device, overrides=point.overrides)
-        checked = [c for c in res.claims if c.checked]
-        metrics = {c.name: float(c.measured) for c in res.claims if _is_number(c.measured)}
-        return {
-            "metrics": metrics,
-            "claims_passed": sum(c.passed for c in checked),
-            "claims_total": len(checked),
-            "seconds": res.seconds,
-            "reused": res.reused,
-            "run_dir": str(res.out_dir),
-        }
+
+def _run_experiment_point(task: PointTask) -> dict[str, Any]:
+    from iclab.experiments.runner import run_experiment
+
+    spec, point = task.point.spec, task.point
+    assert spec.experiment is not None
+    res = run_experiment(spec.experiment, spec.preset, out=task.out, device=task.device, overrides=point.overrides)
+    checked = [c for c in res.claims if c.checked]
+    return {
+        "metrics": {c.name: float(c.measured) for c in res.claims if _is_number(c.measured)},
+        "claims": {c.name: {"expected": c.expected, "passed": c.passed if c.checked else None} for c in res.claims},
+        "claims_passed": sum(c.passed for c in checked),
+        "claims_total": len(checked),
+        "seconds": res.seconds,  # a reused run's original compute time (its summary's)
+        "reused": res.reused,
+        "run_dir": str(res.out_dir),
+        "config_hash": config_hash(res.config),
+    }
+
+
+def _run_train_point(task: PointTask) -> dict[str, Any]:
     from iclab.core.devices import resolve_device
     from iclab.training.run_config import to_training_run
 
-    cfg, _ = resolve_point(point)
+    t0 = time.perf_counter()
+    cfg, _ = resolve_point(task.point)
     run = to_training_run(cfg)
+    if run.out_dir is not None and not run.out_dir.is_absolute():
+        run = dataclasses.replace(run, out_dir=Path(task.cwd) / run.out_dir)
     result = run.execute(device=resolve_device(cfg.device))
-    train_rows = [r for r in result.history if "train_loss" in r]
+    losses = [float(r["train_loss"]) for r in result.history if "train_loss" in r]
+    final = losses[-1] if losses else math.nan
     return {
-        "metrics": {
-            "final_train_loss": float(train_rows[-1]["train_loss"]) if train_rows else math.nan,
-            "final_test_loss": float(result.final_test_loss),
-        },
+        "metrics": {"final_train_loss": final, "final_test_loss": float(result.final_test_loss)},
         "claims_passed": None,
         "claims_total": None,
-        "seconds": time.perf_counter() - t0,
+        "seconds": float(result.seconds or time.perf_counter() - t0),
         "reused": result.resumed_from is not None and result.resumed_from >= cfg.train.steps,
         "run_dir": str(run.out_dir),
+        "config_hash": config_hash(cfg),
+        "diverged": bool(losses) and _diverged(losses[0], final, float(result.final_test_loss)),
     }
+
+
+def _diverged(first: float, final: float, test: float) -> bool:
+    """A final loss that is not finite, or :data:`DIVERGED_FACTOR` times the first recorded loss."""
+    if not (math.isfinite(final) and math.isfinite(test)):
+        return True
+    return math.isfinite(first) and first > 0 and max(final, test) > DIVERGED_FACTOR * first
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 # --------------------------------------------------------------------------------------------------- the sweep
@@ -286,6 +137,8 @@ def run_point(task: PointTask) -> dict[str, Any]:
 
 @dataclass
 class SweepResult:
+    """What :func:`run_sweep` returns: one table row per point (a ``pandas.DataFrame``, also ``sweep.parquet``), the figures and the failed points."""
+
     spec: SweepSpec
     out_dir: Path
     table: Any  # pandas.DataFrame
@@ -295,6 +148,7 @@ class SweepResult:
 
     @property
     def ok(self) -> bool:
+        """No point failed."""
         return not self.failures
 
 
@@ -313,13 +167,17 @@ def run_sweep(
     """Run every point of ``spec`` on ``backend`` (default: this process), then write the table and the figures.
 
     A failing point is a row with ``status="failed"`` and its traceback in ``error`` (also in ``failures``); the
-    others go on. The sweep directory is locked: a second driver of the same sweep waits.
+    others go on. The sweep directory is locked: a second driver of the same sweep waits. A sweep asked to stop
+    (:mod:`iclab.training.stop`: ``--time-limit``, SIGTERM, SIGUSR1, SIGINT) raises
+    :class:`~iclab.training.stop.Stopped` once its running points have checkpointed, and writes no table.
     """
     from iclab.experiments.runner import run_lock
 
     spec = spec if isinstance(spec, SweepSpec) else load_sweep_spec(spec)
     backend = backend or LocalBackend()
-    out = Path(out)
+    out = Path(out).absolute()  # every path a task gets is absolute: a worker's working directory may be elsewhere
+    if spec.train is not None:  # a train point writes to its config's `out:`, which must lie under --out
+        check_inside(((p.label, resolve_point(p)[0].out) for p in spec.iter_points()), out)
     d = sweep_dir(spec, out)
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -333,6 +191,7 @@ def run_sweep(
     with run_lock(d):
         tasks = [PointTask(p, str(out), device) for p in points]
         outcomes = backend.map(run_point, tasks, labels=[p.label for p in points], on_done=on_done)
+        _raise_if_stopped(spec, outcomes)
         table = _table(spec, points, outcomes)
         _write_parquet(table, d / "sweep.parquet")
         figures = plot_sweep(spec, table, d)
@@ -357,27 +216,72 @@ def run_sweep(
     return SweepResult(spec, d, table, figures, failures, seconds)
 
 
+def _raise_if_stopped(spec: SweepSpec, outcomes: list[Outcome]) -> None:
+    """A sweep some of whose points stopped (:mod:`iclab.training.stop`) writes no table: it raises
+    :class:`~iclab.training.stop.Stopped` saying which points are done and where the stopped ones are."""
+    stopped = [o.value for o in outcomes if isinstance(o.value, Stopped)]
+    if not stopped:
+        return
+    done = sum(o.ok for o in outcomes)
+    started = [e.progress for e in stopped if not e.progress.endswith(" not started")]
+    where = "; ".join(started[:4]) + ("; ..." if len(started) > 4 else "")
+    text = f"sweep {spec.name}: {done}/{len(outcomes)} points finished" + (f"; {where}" if where else "")
+    raise Stopped(text, stopped[0].reason, sum(e.progress.endswith(" not started") for e in stopped))
+
+
 def _table(spec: SweepSpec, points: list[Point], outcomes: list[Outcome]) -> Any:
+    """One row per point: its swept values and seed, what ran (experiment, preset, config hash, git revision), when
+    and where (start, end, compute seconds, attempts, host), its status, metrics and claims (``<claim>`` measured,
+    ``<claim>.expected``, ``<claim>.passed``)."""
     import pandas as pd
 
+    revision = _git_revision()
     rows = []
     for p, o in zip(points, outcomes, strict=True):
         row: dict[str, Any] = {k: _cell(p.values.get(k)) for k in spec.keys}
         row["seed"] = p.seed
-        value = o.value or {}
+        value = o.value if isinstance(o.value, dict) else {}
         row.update(
-            status="ok" if o.ok else "failed",
+            status=_status(o, value),
+            experiment=spec.experiment or str(spec.train),
+            preset=spec.preset if spec.experiment else None,
+            config_hash=value.get("config_hash") or config_hash(resolve_point(p)[0]),
+            git_revision=revision,
+            start=value.get("start"),
+            end=value.get("end"),
             claims_passed=value.get("claims_passed"),
             claims_total=value.get("claims_total"),
             seconds=float(value.get("seconds", o.seconds)),
+            attempts=o.attempts,
             host=o.host,
             reused=bool(value.get("reused", False)),
             run_dir=value.get("run_dir", ""),
             error=o.error or "",
         )
         row.update(value.get("metrics", {}))
+        for name, claim in value.get("claims", {}).items():
+            row[f"{name}.expected"] = claim["expected"]
+            row[f"{name}.passed"] = claim["passed"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _status(o: Outcome, value: dict[str, Any]) -> str:
+    """``diverged``: the point's training raised :class:`~iclab.core.errors.DivergenceError` or ended with a loss
+    that is not finite or blew up (:func:`_diverged`); ``failed``: any other error; ``ok``."""
+    if o.error is not None:
+        return "diverged" if "DivergenceError" in o.error else "failed"
+    return "diverged" if value.get("diverged") else "ok" if o.ok else "failed"
+
+
+def _git_revision() -> str | None:
+    """HEAD of the iclab checkout (``-dirty`` when tracked files differ from it), or None outside one."""
+    from iclab.core.provenance import git_commit
+
+    commit = git_commit()
+    if commit is None:
+        return None
+    return str(commit["sha"]) + ("-dirty" if commit.get("dirty") else "")
 
 
 def _write_parquet(table: Any, path: Path) -> None:
@@ -391,8 +295,12 @@ def _write_parquet(table: Any, path: Path) -> None:
 
 def metric_columns(spec: SweepSpec, table: Any) -> list[str]:
     """The table's metric columns (numeric, not a swept key or bookkeeping), or those the spec names."""
-    fixed = {*spec.keys, "seed", *SWEEP_COLUMNS}
-    cols = [c for c in table.columns if c not in fixed and _numeric_column(table[c])]
+    fixed = {*spec.keys, "seed", *SWEEP_COLUMNS, *ROW_COLUMNS}
+    cols = [
+        c
+        for c in table.columns
+        if c not in fixed and not c.endswith((".expected", ".passed")) and _numeric_column(table[c])
+    ]
     if spec.metrics is not None:
         missing = [m for m in spec.metrics if m not in cols]
         if missing and len(table) and (table["status"] == "ok").any():
@@ -444,18 +352,5 @@ def _numeric_column(col: Any) -> bool:
     return pd.api.types.is_numeric_dtype(col) and not pd.api.types.is_bool_dtype(col)
 
 
-def _cell(v: Any) -> Any:
-    """A table cell: numbers, strings and bools as they are; lists and mappings as YAML flow text."""
-    return v if v is None or isinstance(v, int | float | str | bool) else _yaml_value(v)
-
-
-def _text(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(_cell(v))
-
-
 def _slug(key: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in key)
-
-
-def _yaml_value(v: Any) -> str:
-    return yaml.safe_dump(to_dict(v), default_flow_style=True, width=10_000).strip().removesuffix("...").strip()

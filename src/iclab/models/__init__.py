@@ -19,3 +19,25 @@ from iclab.models.linear_attention import embed as embed
 from iclab.models.reduced_attention import CubicFeatureMLP as CubicFeatureMLP
 from iclab.models.reduced_attention import MergedAttention as MergedAttention
 from iclab.models.reduced_attention import SeparateAttention as SeparateAttention
+
+__all__ = [
+    "BilinearFFN",
+    "BilinearTransformer",
+    "BilinearTransformerConfig",
+    "CategoricalTransformer",
+    "CategoricalTransformerConfig",
+    "CubicFeatureMLP",
+    "KernelAttention",
+    "KernelTransformer",
+    "KernelTransformerConfig",
+    "LanguageGD",
+    "LanguageGPT",
+    "LinearAttention",
+    "LinearTransformer",
+    "LinearTransformerConfig",
+    "MergedAttention",
+    "SeparateAttention",
+    "SingleStepCategorical",
+    "embed",
+    "embed_scratch",
+]

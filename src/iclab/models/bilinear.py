@@ -216,6 +216,8 @@ def bilinear_residual(z: Tensor, W0: Tensor, W1: Tensor) -> Tensor:
 
 @dataclass(frozen=True, kw_only=True)
 class BilinearTransformerConfig:
+    """Architecture of :class:`BilinearTransformer` (Sun et al. 2025, §3 and App. I): width, depth, feed-forward kind and block order."""
+
     d: int = 3  # input dimension
     d_bar: int = 12  # embedding width: constant + x + scratch rows (label excluded); tokens are d̄ + 1 wide
     n_blocks: int = 2  # L: 2L layers (the paper's "8-layer" model has L = 4)

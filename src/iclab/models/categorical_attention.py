@@ -486,6 +486,7 @@ class SingleStepCategorical(_EmbeddingModel):
 
     @property
     def D(self) -> int:
+        """Token width: d + 2·d_embed."""
         return self.config.d + 2 * self.config.d_embed
 
     def embed(self, episode: Episode, points: Tensor | None = None) -> Tensor:

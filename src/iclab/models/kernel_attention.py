@@ -55,6 +55,8 @@ QKS = ("blocks", "full")
 
 @dataclass(frozen=True, kw_only=True)
 class KernelTransformerConfig:
+    """Architecture of :class:`KernelTransformer` (Cheng et al. 2024, eq. 26): depth, one attention activation h̃ per head, value and key/query structure."""
+
     d: int = 5  # input dimension; tokens are D = d + 1 wide (label last)
     n_layers: int = 3
     activations: tuple[str, ...] = ("softmax",)  # h̃ of each head; n_heads = len(activations) (eq. 26)
@@ -86,6 +88,7 @@ class KernelTransformerConfig:
 
     @property
     def n_heads(self) -> int:
+        """Number of heads: one per attention activation."""
         return len(self.activations)
 
 

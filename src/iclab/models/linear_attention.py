@@ -21,7 +21,7 @@ Options for the multi-head attention of Zhang, Singh, Latham, Saxe 2025 (eq. M, 
                             every target (:func:`iclab.core.kernels.gram`), as in the authors' code.
 * ``sources='all'``         the query is a source (key and value) too, as in the paper's X Xᵀ and the
                             authors' code; ``'context'`` (default) is Ahn et al.'s mask M.
-* ``residual=False``        z ← attn(z) (the seed-001 code has no residual; ŷ_q is the same for linear
+* ``residual=False``        z ← attn(z) (Zhang et al.'s code has no residual; ŷ_q is the same for linear
                             scores because the query's label slot is 0).
 * ``zero_blocks=True``      at init, zero the value row's vector part and u_h (merged) / the scalar key
                             entries (separate): the zero-block assumption of Zhang et al. Sec. 2.3-2.4.
@@ -63,6 +63,8 @@ READOUTS = ("negative", "positive")
 
 @dataclass(frozen=True, kw_only=True)
 class LinearTransformerConfig:
+    """Architecture of :class:`LinearTransformer`: Ahn et al. 2023's sparsity patterns (8) and (11), Zhang et al. 2025's merged/separate key-query heads, activation, init and read-out sign."""
+
     d: int = 5  # input dimension; tokens are D = d + 1 wide (label last)
     n_layers: int = 3
     n_heads: int = 1

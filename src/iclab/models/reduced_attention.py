@@ -17,6 +17,14 @@ z = vec(β x_qᵀ) (eq. 6-7, :class:`CubicFeatureMLP`); ATTN_S rank 1 is a sum o
 convolutional nets ŷ = Σ_i v_i q_iᵀ (I_d ⊗ k_iᵀ) z (eq. 13, :meth:`SeparateAttention.predict_conv`).
 :meth:`token_layer` builds the full (d+1)-wide :class:`~iclab.models.linear_attention.LinearAttention`
 layer these models reduce from.
+
+``all_blocks=True`` keeps the zero blocks as parameters (ATTN_M: u_i; ATTN_S: the scalar keys k_ir; both: the
+vector part of the value row), started at zero as in Sec. 2.3-2.4, so that they move when the data's odd moments
+in w do not vanish (a finite training set, App. G). ŷ_q then reads the whole token second moment
+s = (Σ_n z_n z_nᵀ + z_q z_qᵀ)/N of the (d+1)-wide tokens (the query, label slot 0, is a source as in the paper's
+X Xᵀ): ŷ_q = vec(s)ᵀ W̃ x_q with an effective (D², d) matrix W̃ (eq. 91 of App. G written in one piece), and every
+weight that reaches ŷ_q is trained. This is the full one-layer linear attention (the "*" entries, which cannot reach
+ŷ_q, get no gradient and are left out).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ __all__ = [
     "CubicFeatureMLP",
     "MergedAttention",
     "SeparateAttention",
+    "all_blocks_statistic",
     "context_statistic",
     "cubic_feature",
     "prefix_statistics",
@@ -54,6 +63,17 @@ def context_statistic(episode: Episode) -> Tensor:
     """β = (1/N) Σ_n y_n x_n, the in-context input-output correlation (eq. 4). (B, d)."""
     y = _regression("context_statistic", episode)
     return torch.einsum("bn,bnd->bd", y, episode.x) / episode.n
+
+
+def all_blocks_statistic(episode: Episode) -> Tensor:
+    """s = (Σ_n z_n z_nᵀ + z_q z_qᵀ)/N, z_n = [x_n; y_n], z_q = [x_q; 0], flattened row-major (index c·D + b):
+    the statistic the full one-layer linear attention reads (the paper's X Xᵀ / N, the query a source; App. G
+    eq. 91: its blocks are Λ̂ + x_q x_qᵀ/N, β and (1/N) Σ_n y_n²). (B, D²) with D = d + 1."""
+    y = _regression("all_blocks_statistic", episode)
+    z = torch.cat([episode.x, y.unsqueeze(-1)], dim=-1)  # (B, N, D)
+    zq = torch.nn.functional.pad(episode.x_query, (0, 1))  # (B, D): the query's label slot is 0
+    gram = torch.einsum("bni,bnj->bij", z, z) + zq.unsqueeze(-1) * zq.unsqueeze(-2)
+    return (gram / episode.n).flatten(-2)
 
 
 def cubic_feature(beta: Tensor, x_query: Tensor) -> Tensor:
@@ -85,16 +105,34 @@ class _ReducedAttention(nn.Module):
     """Shared part of the reduced models: ŷ = βᵀ W x_q with W built from the named parameters."""
 
     names: tuple[str, ...] = ()
+    block_names: tuple[str, ...] = ()  # the zero blocks, parameters with ``all_blocks=True``
     v: Tensor  # (H,) or (S, H): the value weight of each head, in every reduced model
 
-    def __init__(self, d: int, n_heads: int, w_init: float, n_seeds: int | None) -> None:
+    def __init__(self, d: int, n_heads: int, w_init: float, n_seeds: int | None, all_blocks: bool = False) -> None:
         super().__init__()
         owner = type(self).__name__
         require_int(owner, "d", d, 1)
         require_int(owner, "n_heads", n_heads, 1)
         require(owner, "w_init", float(w_init) >= 0, "a float >= 0", w_init)
         require(owner, "n_seeds", n_seeds is None or is_int(n_seeds, 1), "None or an int >= 1", n_seeds)
+        require(owner, "all_blocks", isinstance(all_blocks, bool), "True or False", all_blocks)
         self.d, self.n_heads, self.w_init, self.n_seeds = d, n_heads, float(w_init), n_seeds
+        self.all_blocks = all_blocks
+        if all_blocks:
+            self.names = (*type(self).names, *self.block_names)
+
+    @property
+    def stat_dim(self) -> int:
+        """Length of the statistic ŷ_q reads: d (β) for the reduced model, (d+1)² (vec s) with ``all_blocks``."""
+        return (self.d + 1) ** 2 if self.all_blocks else self.d
+
+    def statistic(self, episode: Episode) -> Tensor:
+        """β (B, d) (eq. 4), or vec s (B, (d+1)²) with ``all_blocks`` (:func:`all_blocks_statistic`)."""
+        return all_blocks_statistic(episode) if self.all_blocks else context_statistic(episode)
+
+    def _zeros(self, shape: tuple[int, ...]) -> nn.Parameter:
+        """A zero block (Sec. 2.3-2.4: initialised at zero)."""
+        return self._draw(shape, 0.0, None)
 
     def _draw(self, shape: tuple[int, ...], var: float, generator: torch.Generator | None) -> nn.Parameter:
         full = shape if self.n_seeds is None else (self.n_seeds, *shape)
@@ -119,11 +157,12 @@ class _ReducedAttention(nn.Module):
         return {k: getattr(self, k) for k in self.names} if params is None else params
 
     def effective_matrix(self, params: dict[str, Tensor] | None = None) -> Tensor:
-        """W with ŷ_q = βᵀ W x_q: (d, d), or (S, d, d) with seeds (any leading axes of ``params``)."""
+        """W with ŷ_q = βᵀ W x_q: (d, d), or (S, d, d) with seeds (any leading axes of ``params``). With
+        ``all_blocks``: W̃ (…, (d+1)², d) with ŷ_q = vec(s)ᵀ W̃ x_q (:func:`all_blocks_statistic`)."""
         raise NotImplementedError
 
     def parameter_flow(self, G: Tensor, params: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-        """−½ ∂L/∂θ for every parameter θ, given G = −½ ∂L/∂W (chain rule through W).
+        """−½ ∂L/∂θ for every parameter θ, given G = −½ ∂L/∂W (chain rule through W; W̃ with ``all_blocks``).
 
         For the population loss G = Λ² − E(Λ̂²) W Λ (eq. 57) this is the right-hand side of the
         gradient flow τ dθ/dt (ATTN_M: App. D matrix form; ATTN_S: eq. 14 and 84). A GD step with
@@ -136,10 +175,12 @@ class _ReducedAttention(nn.Module):
         raise NotImplementedError
 
     def from_statistics(self, beta: Tensor, x_query: Tensor) -> Tensor:
-        """ŷ = βᵀ W x_q from the statistics: (B, d), (B, d) -> (B,), or (S, B) with seeds."""
-        if beta.dim() != 2 or beta.shape != x_query.shape or beta.shape[-1] != self.d:
+        """ŷ = βᵀ W x_q from the statistics: (B, k), (B, d) -> (B,), or (S, B) with seeds; k = :attr:`stat_dim`
+        (β, or vec s with ``all_blocks``)."""
+        k = self.stat_dim
+        if beta.dim() != 2 or x_query.dim() != 2 or beta.shape != (x_query.shape[0], k) or x_query.shape[1] != self.d:
             raise ShapeError(
-                f"{type(self).__name__}.from_statistics needs beta and x_query of shape (B, {self.d}); "
+                f"{type(self).__name__}.from_statistics needs statistics of shape (B, {k}) and x_query (B, {self.d}); "
                 f"got {tuple(beta.shape)} and {tuple(x_query.shape)}"
             )
         return torch.einsum("bi,...ij,bj->...b", beta, self.effective_matrix(), x_query)
@@ -160,7 +201,7 @@ class _ReducedAttention(nn.Module):
             raise ShapeError(
                 f"{owner} has {dtype} parameters; got a {episode.dtype} episode (call model.to({episode.dtype}))"
             )
-        return self.from_statistics(context_statistic(episode), episode.x_query)
+        return self.from_statistics(self.statistic(episode), episode.x_query)
 
     def forward(self, episode: Episode) -> Tensor:
         return self.predict(episode)
@@ -192,6 +233,15 @@ def _check_single(model: _ReducedAttention, what: str) -> None:
     require(type(model).__name__, "n_seeds", model.n_seeds is None, f"None for {what}", model.n_seeds)
 
 
+def _check_reduced(model: _ReducedAttention, what: str) -> None:
+    require(type(model).__name__, "all_blocks", not model.all_blocks, f"False for {what} (the reduced model)", True)
+
+
+def _value_row(p: dict[str, Tensor]) -> Tensor:
+    """The label row of each head's value matrix, [vector v_i, v_i] (…, H, D) (Sec. 2.3)."""
+    return torch.cat([p["v_vec"], p["v"].unsqueeze(-1)], dim=-1)
+
+
 class MergedAttention(_ReducedAttention):
     """ATTN_M reduced (eq. M): ŷ_q = Σ_i v_i βᵀ U_i x_q, with the paper's 1/N inside β.
 
@@ -209,21 +259,39 @@ class MergedAttention(_ReducedAttention):
         w_init: float = 1e-3,
         generator: torch.Generator | None = None,
         n_seeds: int | None = None,
+        all_blocks: bool = False,
     ) -> None:
-        super().__init__(d, n_heads, w_init, n_seeds)
+        super().__init__(d, n_heads, w_init, n_seeds, all_blocks)
         H = n_heads
         self.v = self._draw((H,), self.w_init**2 / H, generator)  # (H,) or (S, H)
         self.U = self._draw((H, d, d), self.w_init**2 / (H * d * d), generator)  # (H, d, d) or (S, H, d, d)
+        if all_blocks:  # after the draws above: the same seed gives the same v, U
+            self.u, self.v_vec = self._zeros((H, d)), self._zeros((H, d))
+
+    block_names = ("u", "v_vec")
 
     def _new(self, n_seeds: int | None) -> MergedAttention:
-        return MergedAttention(self.d, self.n_heads, w_init=0.0, n_seeds=n_seeds)
+        return MergedAttention(self.d, self.n_heads, w_init=0.0, n_seeds=n_seeds, all_blocks=self.all_blocks)
+
+    @staticmethod
+    def _key_rows(p: dict[str, Tensor]) -> Tensor:
+        """The first d columns of W_i^{KQ}, [U_i; u_iᵀ] (…, H, D, d): the columns the query reads."""
+        return torch.cat([p["U"], p["u"].unsqueeze(-2)], dim=-2)
 
     def effective_matrix(self, params: dict[str, Tensor] | None = None) -> Tensor:
         p = self._get(params)
+        if self.all_blocks:  # W̃[(c, b), a] = Σ_i [W_i^{KQ}]_{c,a} [W_i^V]_{D,b} (eq. 91 in one piece)
+            return torch.einsum("...hca,...hb->...cba", self._key_rows(p), _value_row(p)).flatten(-3, -2)
         return (p["v"][..., None, None] * p["U"]).sum(-3)  # W = Σ_i v_i U_i
 
     def parameter_flow(self, G: Tensor, params: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         p = self._get(params)
+        if self.all_blocks:
+            d = self.d
+            Gt = G.unflatten(-2, (d + 1, d + 1))  # (…, D, D, d): −½ ∂L/∂W̃[c, b, a]
+            dK = torch.einsum("...cba,...hb->...hca", Gt, _value_row(p))
+            dp = torch.einsum("...cba,...hca->...hb", Gt, self._key_rows(p))
+            return {"v": dp[..., d], "U": dK[..., :d, :], "u": dK[..., d, :], "v_vec": dp[..., :d]}
         G = G.unsqueeze(-3)  # (…, 1, d, d)
         return {
             "v": (p["U"] * G).sum((-1, -2)),  # τ dv_i/dt = ⟨U_i, G⟩_F
@@ -231,14 +299,22 @@ class MergedAttention(_ReducedAttention):
         }
 
     def conserved_quantities(self, params: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
-        """``balance`` (…, H, H) = w_2 w_2ᵀ − W_1 W_1ᵀ = v_i v_j − ⟨U_i, U_j⟩_F (eq. 55)."""
+        """``balance`` (…, H, H) = w_2 w_2ᵀ − W_1 W_1ᵀ = v_i v_j − ⟨U_i, U_j⟩_F (eq. 55).
+
+        With ``all_blocks`` the same law on the full weights: ŷ_q = Σ_i ⟨K_i x_q ⊗ ṽ_i, s⟩ (K_i = [U_i; u_iᵀ],
+        ṽ_i = [vector v_i, v_i]) is unchanged by K → A K, ṽ → A^{-T} ṽ across heads for any invertible A, so
+        gradient flow keeps ⟨ṽ_i, ṽ_j⟩ − ⟨K_i, K_j⟩_F constant (the argument of eq. 55 with v_i, U_i replaced)."""
         p = self._get(params)
+        if self.all_blocks:
+            K, vt = self._key_rows(p), _value_row(p)
+            return {"balance": vt @ vt.mT - torch.einsum("...hca,...gca->...hg", K, K)}
         vv = p["v"].unsqueeze(-1) * p["v"].unsqueeze(-2)
         return {"balance": vv - torch.einsum("...hij,...gij->...hg", p["U"], p["U"])}
 
     def mlp(self) -> CubicFeatureMLP:
         """The equivalent two-layer MLP on z (eq. 6-7): w_2 = v, row i of W_1 = vec(U_i)ᵀ."""
         _check_single(self, "mlp()")
+        _check_reduced(self, "mlp()")
         out = CubicFeatureMLP(self.d, self.n_heads, w_init=0.0).to(dtype=self.v.dtype, device=self.v.device)
         with torch.no_grad():
             out.w2.copy_(self.v)
@@ -251,7 +327,7 @@ class MergedAttention(_ReducedAttention):
         """The full ATTN_M layer on (d+1)-wide tokens whose query output equals this model.
 
         P_h = W_h^V with last row [0, v_h] (zero block), Q_h = W_h^{KQ} with top-left U_h and
-        bottom-left u_h = 0 (zero block). The entries that cannot reach ŷ_q (the paper's "*": the
+        bottom-left u_h = 0 (zero block; the model's ``u`` and ``v_vec`` with ``all_blocks``). The entries that cannot reach ŷ_q (the paper's "*": the
         first d rows of W^V, the last column of W^{KQ}) are N(0, star_std²). ``kwargs`` go to
         :class:`LinearAttention` (e.g. ``sources``, ``residual``). Read ŷ_q = +[z_out]_{n+1, d+1}.
         """
@@ -264,6 +340,9 @@ class MergedAttention(_ReducedAttention):
             layer.P_free[:, -1, -1] = self.v
             layer.Q_free[:, :, :d] = 0.0
             layer.Q_free[:, :d, :d] = self.U
+            if self.all_blocks:
+                layer.P_free[:, -1, :d] = self.v_vec
+                layer.Q_free[:, -1, :d] = self.u
         return layer
 
 
@@ -285,25 +364,48 @@ class SeparateAttention(_ReducedAttention):
         w_init: float = 1e-3,
         generator: torch.Generator | None = None,
         n_seeds: int | None = None,
+        all_blocks: bool = False,
     ) -> None:
-        super().__init__(d, n_heads, w_init, n_seeds)
+        super().__init__(d, n_heads, w_init, n_seeds, all_blocks)
         require_int("SeparateAttention", "rank", rank, 1)
         self.rank = rank
         H, R = n_heads, rank
         self.v = self._draw((H,), self.w_init**2 / H, generator)  # (H,) or (S, H)
         self.k = self._draw((H, R, d), self.w_init**2 / (H * R * d), generator)  # (H, R, d) or (S, H, R, d)
         self.q = self._draw((H, R, d), self.w_init**2 / (H * R * d), generator)
+        if all_blocks:  # after the draws above: the same seed gives the same v, k, q
+            self.k_scalar, self.v_vec = self._zeros((H, R)), self._zeros((H, d))
+
+    block_names = ("k_scalar", "v_vec")
 
     def _new(self, n_seeds: int | None) -> SeparateAttention:
-        return SeparateAttention(self.d, self.n_heads, self.rank, w_init=0.0, n_seeds=n_seeds)
+        return SeparateAttention(
+            self.d, self.n_heads, self.rank, w_init=0.0, n_seeds=n_seeds, all_blocks=self.all_blocks
+        )
+
+    @staticmethod
+    def _full_keys(p: dict[str, Tensor]) -> Tensor:
+        """The key rows [k_irᵀ, k_ir (scalar)] (…, H, R, D)."""
+        return torch.cat([p["k"], p["k_scalar"].unsqueeze(-1)], dim=-1)
 
     def effective_matrix(self, params: dict[str, Tensor] | None = None) -> Tensor:
         p = self._get(params)
+        if self.all_blocks:  # W̃[(c, b), a] = Σ_i Σ_r k̃_ir,c ṽ_i,b q_ir,a
+            W = torch.einsum("...hrc,...hb,...hra->...cba", self._full_keys(p), _value_row(p), p["q"])
+            return W.flatten(-3, -2)
         vk = (p["v"][..., None, None] * p["k"]).flatten(-3, -2)  # (…, H·R, d): rows v_i k_irᵀ
         return vk.mT @ p["q"].flatten(-3, -2)  # Σ_i Σ_r v_i k_ir q_irᵀ
 
     def parameter_flow(self, G: Tensor, params: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         p = self._get(params)
+        if self.all_blocks:
+            d = self.d
+            Gt = G.unflatten(-2, (d + 1, d + 1))  # (…, D, D, d): −½ ∂L/∂W̃[c, b, a]
+            kt, vt, q = self._full_keys(p), _value_row(p), p["q"]
+            dk = torch.einsum("...cba,...hb,...hra->...hrc", Gt, vt, q)
+            dp = torch.einsum("...cba,...hrc,...hra->...hb", Gt, kt, q)
+            dq = torch.einsum("...cba,...hrc,...hb->...hra", Gt, kt, vt)
+            return {"v": dp[..., d], "k": dk[..., :d], "q": dq, "k_scalar": dk[..., d], "v_vec": dp[..., :d]}
         v, G = p["v"][..., None, None], G.unsqueeze(-3)  # (…, H, 1, 1), (…, 1, d, d)
         Gq = p["q"] @ G.mT  # (…, H, R, d): rows (G q_ir)ᵀ
         return {
@@ -314,20 +416,29 @@ class SeparateAttention(_ReducedAttention):
 
     def conserved_quantities(self, params: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
         """``key_query`` (…, H, R) = ‖k_ir‖² − ‖q_ir‖² and ``key_value`` (…, H) = Σ_r ‖k_ir‖² − v_i²
-        (eq. 83 for R = 1, eq. 89)."""
+        (eq. 83 for R = 1, eq. 89).
+
+        With ``all_blocks`` the same laws on the full weights, k̃_ir = [k_ir; scalar k_ir] and ṽ_i = [vector v_i,
+        v_i]: ŷ_q = Σ_i Σ_r ⟨k̃_ir ⊗ ṽ_i ⊗ q_ir, s ⊗ x_q⟩ is unchanged by k̃_ir → α k̃_ir, q_ir → q_ir/α and by
+        k̃_i· → k̃_i·/α, ṽ_i → α ṽ_i, so gradient flow keeps ‖k̃_ir‖² − ‖q_ir‖² and Σ_r ‖k̃_ir‖² − ‖ṽ_i‖² constant
+        (the argument of eq. 83, 89 with every block in)."""
         p = self._get(params)
-        kk, qq = p["k"].pow(2).sum(-1), p["q"].pow(2).sum(-1)
-        return {"key_query": kk - qq, "key_value": kk.sum(-1) - p["v"].pow(2)}
+        k = self._full_keys(p) if self.all_blocks else p["k"]
+        vv = _value_row(p).pow(2).sum(-1) if self.all_blocks else p["v"].pow(2)
+        kk, qq = k.pow(2).sum(-1), p["q"].pow(2).sum(-1)
+        return {"key_query": kk - qq, "key_value": kk.sum(-1) - vv}
 
     def conv_kernels(self) -> Tensor:
         """K_ir = I_d ⊗ k_irᵀ ∈ R^{d×d²} (eq. 13: kernel size d, stride d). (H, R, d, d²)."""
         _check_single(self, "conv_kernels()")
+        _check_reduced(self, "conv_kernels()")
         eye = torch.eye(self.d, dtype=self.k.dtype, device=self.k.device)
         return torch.einsum("ab,hrc->hrabc", eye, self.k).flatten(-2)
 
     def predict_conv(self, episode: Episode) -> Tensor:
         """ŷ_q = Σ_i v_i Σ_r q_irᵀ K_ir z, the convolutional form (eq. 13), (B,); equals :meth:`predict`."""
         _check_single(self, "predict_conv()")
+        _check_reduced(self, "predict_conv()")
         z = cubic_feature(context_statistic(episode), episode.x_query)  # (B, d²)
         hidden = torch.einsum("hrak,bk->bhra", self.conv_kernels(), z)  # (B, H, R, d): K_ir z
         return torch.einsum("h,hra,bhra->b", self.v, self.q, hidden)
@@ -337,8 +448,8 @@ class SeparateAttention(_ReducedAttention):
     ) -> LinearAttention:
         """The full ATTN_S layer (key_query='separate') whose query output equals this model.
 
-        W_K rows [k_irᵀ, 0] (zero block: scalar key), W_Q rows [q_irᵀ, *], value last row [0, v_i]
-        (zero block); the "*" entries are N(0, star_std²). Read ŷ_q = +[z_out]_{n+1, d+1}.
+        W_K rows [k_irᵀ, 0] (zero block: scalar key; ``k_scalar`` with ``all_blocks``), W_Q rows [q_irᵀ, *], value last row [0, v_i]
+        (zero block; ``v_vec`` with ``all_blocks``); the "*" entries are N(0, star_std²). Read ŷ_q = +[z_out]_{n+1, d+1}.
         """
         _check_single(self, "token_layer()")
         d, H, R = self.d, self.n_heads, self.rank
@@ -350,8 +461,10 @@ class SeparateAttention(_ReducedAttention):
             layer.P_free[:, -1, :] = 0.0
             layer.P_free[:, -1, -1] = self.v
             layer.W_K_free[..., :d] = self.k
-            layer.W_K_free[..., -1] = 0.0
+            layer.W_K_free[..., -1] = self.k_scalar if self.all_blocks else 0.0
             layer.W_Q_free[..., :d] = self.q
+            if self.all_blocks:
+                layer.P_free[:, -1, :d] = self.v_vec
         return layer
 
 

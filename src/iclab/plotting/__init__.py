@@ -7,3 +7,10 @@ from iclab.plotting.figures import band as band
 from iclab.plotting.figures import heatmap as heatmap
 from iclab.plotting.figures import save as save
 from iclab.plotting.figures import subplots as subplots
+
+__all__ = [
+    "band",
+    "heatmap",
+    "save",
+    "subplots",
+]

@@ -49,6 +49,7 @@ matplotlib.rcParams.update(STYLE)
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, size: tuple[float, float] = (3.6, 2.8)) -> tuple[Figure, np.ndarray]:
+    """A ``nrows × ncols`` figure in the library's style with ``size`` inches per panel: ``(fig, axes)``, axes always 2-D."""
     fig, axes = plt.subplots(
         nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False, constrained_layout=True
     )

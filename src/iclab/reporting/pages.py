@@ -13,6 +13,7 @@ these pages.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import inspect
@@ -32,7 +33,11 @@ from markupsafe import Markup
 from iclab.core.errors import CorruptFileError
 from iclab.core.io import read_json
 from iclab.core.provenance import describe
+from iclab.core.safe_parse import load_yaml_text
 from iclab.experiments.registry import ClaimResult, all_experiments
+from iclab.reporting.curves import Curves, read_curves
+from iclab.reporting.runs import card_run_name, overrides_of, select_runs
+from iclab.reporting.sweep_charts import resolve_run_dir, sweep_charts
 
 log = logging.getLogger("iclab")
 
@@ -54,6 +59,23 @@ class ExperimentPage:
     config_text: str = ""
     seeds: dict[str, Any] = field(default_factory=dict)  # every config key naming a seed, dotted
     problems: tuple[str, ...] = ()  # files missing or damaged, in words
+    curves: Curves = field(default_factory=Curves)  # the training runs' metrics.jsonl
+    #: the overrides of the card's config at ``preset`` this run has: () the card's own run, None not known
+    overrides: tuple[str, ...] | None = ()
+    card_run: bool = True  # its directory name carries the hash of the card's own config
+    others: tuple[ExperimentPage, ...] = ()  # the experiment's other run directories, newest first
+
+    @property
+    def label(self) -> str:
+        """'the card's config', or its overrides: 'train.lr=0.005'."""
+        if self.card_run:
+            return "the card's config"
+        return ", ".join(self.overrides) if self.overrides else "overrides not known (the card is not registered here)"
+
+    @property
+    def run_page(self) -> str:
+        """The file name of this run directory's own page."""
+        return f"run-{slug(self.name)}--{slug(self.run_dir.name)}.html"
 
     @property
     def paper(self) -> str:
@@ -102,8 +124,10 @@ class SweepPage:
     failed: int | None = None
     seconds: float | None = None
     figures: tuple[Path, ...] = ()
-    columns: tuple[str, ...] = ()
+    columns: tuple[str, ...] = ()  # the swept keys, the metrics, then the rest (seed, status, run_dir, ...)
     rows: tuple[tuple[tuple[str, str], ...], ...] = ()  # per row, per column: (text shown, value sorted on)
+    run_dirs: tuple[Path | None, ...] = ()  # per row, its run directory inside the report's ``out`` (None: none)
+    charts: dict[str, Any] = field(default_factory=dict)  # :func:`iclab.reporting.sweep_charts.sweep_charts`
     problems: tuple[str, ...] = ()
 
     @property
@@ -192,11 +216,11 @@ def read_run_dir(run_dir: str | Path) -> ExperimentPage:
     summary = load("summary.json", read_json)
     summary = summary if isinstance(summary, dict) else {}
     raw_claims = load("claims.json", read_json)
-    config_text = load("config.yaml", lambda p: p.read_text())
+    config_text = load("config.yaml", lambda p: p.read_text(errors="replace"))  # not UTF-8: damaged, not a crash
     config = None
     if config_text is not None:
         try:
-            config = yaml.safe_load(config_text)
+            config = load_yaml_text(config_text, what="config.yaml")  # bounded: no alias bomb
         except yaml.YAMLError as e:
             problems.append(f"config.yaml is damaged: {str(e).splitlines()[0]}")
     config = config if isinstance(config, dict) else {}
@@ -209,19 +233,18 @@ def read_run_dir(run_dir: str | Path) -> ExperimentPage:
     if raw_claims is not None and not isinstance(raw_claims, list):
         problems.append("claims.json is damaged: not a list of claims")
     name = str(summary.get("experiment") or config.get("experiment") or run_dir.parent.name)
-    figures = []
-    for f in summary.get("figures", []) if isinstance(summary.get("figures"), list) else []:
-        path = run_dir / str(f)
-        if path.is_file():
-            figures.append(path)
-        else:
-            problems.append(f"figure {f} is missing")
+    figures = confined(
+        run_dir, summary.get("figures", []) if isinstance(summary.get("figures"), list) else [], problems
+    )
     exp = all_experiments().get(name)
     seconds = summary.get("seconds")
+    preset = str(summary.get("preset") or config.get("preset") or run_dir.name.split("-", 1)[0])
+    overrides = overrides_of(name, preset, config.get("config")) if config else None
+    curves = read_curves(run_dir)
     return ExperimentPage(
         name=name,
         run_dir=run_dir,
-        preset=str(summary.get("preset") or config.get("preset") or run_dir.name.split("-", 1)[0]),
+        preset=preset,
         title=exp.title if exp else "",
         card=_card(exp.module) if exp and exp.module else "",
         seconds=float(seconds) if isinstance(seconds, int | float) else None,
@@ -229,21 +252,50 @@ def read_run_dir(run_dir: str | Path) -> ExperimentPage:
         figures=tuple(figures),
         config_text=config_text or "",
         seeds=dict(_seeds(config.get("config", {}))),
-        problems=tuple(problems),
+        problems=tuple(problems) + tuple(f"curves: {p}" for p in curves.problems),
+        curves=curves,
+        overrides=tuple(overrides) if overrides is not None else None,
+        card_run=run_dir.name == card_run_name(name, preset),
     )
 
 
+def confined(root: Path, names: Iterable[Any], problems: list[str]) -> list[Path]:
+    """The files ``names`` (paths a run file gave, relative to ``root``) that exist inside ``root``; a name that
+    leads outside it (``../../etc/x.png``, an absolute path, a link out) is ignored with a warning and a problem."""
+    inside, base = [], root.resolve()
+    for f in names:
+        path = root / str(f)
+        if not path.resolve().is_relative_to(base):
+            log.warning("%s: figure %s is outside the run directory; ignored", root, f)
+            problems.append(f"figure {f} is outside the run directory: ignored")
+        elif path.is_file():
+            inside.append(path)
+        else:
+            problems.append(f"figure {f} is missing")
+    return inside
+
+
+def find_runs(out: str | Path, main: Sequence[Path] | None = None) -> list[ExperimentPage]:
+    """One page per experiment under ``out``: its card run (the newest run directory of the card's own config; the
+    newest run directory when it has none, labelled with its overrides), the other run directories beside it.
+    ``main``: show these run directories as the experiments' runs instead (the runs a reproduction just made)."""
+    choices = select_runs(out)
+    pages = []
+    chosen = list(main) if main is not None else [c.card or c.others[0] for c in choices.values()]
+    for run_dir in chosen:
+        page = read_run_dir(run_dir)
+        choice = choices.get(run_dir.parent.name)
+        rest = [p for p in ([choice.card] if choice and choice.card else []) + list(choice.others if choice else ())]
+        others = tuple(read_run_dir(p) for p in rest if p.resolve() != run_dir.resolve())
+        pages.append(dataclasses.replace(page, others=others))
+    return sorted(pages, key=lambda e: natural(e.name))
+
+
 def find_run_dirs(out: str | Path) -> list[Path]:
-    """The newest run directory (by ``summary.json``'s modification time) of every experiment under ``out``."""
-    newest: dict[str, tuple[float, Path]] = {}
-    for summary in Path(out).glob("*/*/summary.json"):
-        exp_dir = summary.parent.parent.name
-        if exp_dir in ("sweeps", SITE_DIR):
-            continue
-        mtime = summary.stat().st_mtime
-        if exp_dir not in newest or mtime > newest[exp_dir][0]:
-            newest[exp_dir] = (mtime, summary.parent)
-    return [newest[k][1] for k in sorted(newest, key=natural)]
+    """The run directory every experiment under ``out`` shows: the newest of the card's own config (by
+    ``summary.json``'s modification time), else the newest (:func:`iclab.reporting.runs.select_runs`)."""
+    choices = select_runs(out)
+    return [c.card or c.others[0] for _, c in sorted(choices.items(), key=lambda kv: natural(kv[0]))]
 
 
 def _cell(v: Any) -> tuple[str, str]:
@@ -274,6 +326,10 @@ def read_sweep_dir(sweep_dir: str | Path) -> SweepPage:
     summary = summary if isinstance(summary, dict) else {}
     columns: tuple[str, ...] = ()
     rows: list[tuple[tuple[str, str], ...]] = []
+    run_dirs: list[Path | None] = []
+    charts: dict[str, Any] = {}
+    keys = tuple(map(str, summary.get("keys", []) or []))
+    metrics = tuple(map(str, summary.get("metrics", []) or []))
     table = sweep_dir / "sweep.parquet"
     if not table.is_file():
         problems.append("sweep.parquet is missing")
@@ -282,15 +338,18 @@ def read_sweep_dir(sweep_dir: str | Path) -> SweepPage:
 
         try:
             df = pd.read_parquet(table)
-            columns = tuple(map(str, df.columns))
+            df.columns = list(map(str, df.columns))
+            first = [c for c in (*keys, *metrics) if c in df.columns]
+            df = df[first + [c for c in df.columns if c not in first]]
+            columns = tuple(df.columns)
             rows = [tuple(_cell(v) for v in row) for row in df.itertuples(index=False, name=None)]
+            out = sweep_dir.parent.parent
+            run_dirs = [resolve_run_dir(v, out) for v in df.get("run_dir", pd.Series([None] * len(df)))]
+            charts = sweep_charts(df, keys=keys, metrics=[m for m in metrics if m in df.columns], out=out)
         except Exception as e:  # pyarrow raises several types for a torn file
             problems.append(f"sweep.parquet is damaged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     names = summary.get("figures") if isinstance(summary.get("figures"), list) else None
-    figures = [sweep_dir / str(f) for f in names] if names is not None else sorted(sweep_dir.glob("sweep_*.png"))
-    for f in figures:
-        if not f.is_file():
-            problems.append(f"figure {f.name} is missing")
+    figures = confined(sweep_dir, names, problems) if names is not None else sorted(sweep_dir.glob("sweep_*.png"))
 
     def num(k: str) -> Any:
         v = summary.get(k)
@@ -300,14 +359,16 @@ def read_sweep_dir(sweep_dir: str | Path) -> SweepPage:
         name=str(summary.get("name") or sweep_dir.name),
         dir=sweep_dir,
         experiment=str(summary.get("experiment", "")),
-        keys=tuple(map(str, summary.get("keys", []) or [])),
-        metrics=tuple(map(str, summary.get("metrics", []) or [])),
+        keys=keys,
+        metrics=metrics,
         points=num("points"),
         failed=num("failed"),
         seconds=num("seconds"),
         figures=tuple(f for f in figures if f.is_file() and f.suffix == ".png"),
         columns=columns,
         rows=tuple(rows),
+        run_dirs=tuple(run_dirs),
+        charts=charts,
         problems=tuple(problems),
     )
 

@@ -3,11 +3,15 @@
     write_site(Path("runs"))                   # after `iclab reproduce`, or any time from the run directories
     screenshot(Path("runs/report"))           # runs/report/index.png, when playwright and chromium are installed
 
-Pages: ``index.html`` (every paper, its experiments with figure thumbnails, claims passed/total, time, preset, and
-what failed, each failing claim linked to its row), ``<paper>.html`` (per experiment: the card text, the figures,
-the claims table, the resolved config, seeds, time; the paper-preset numbers beside ours where docs/ has them) and
-``sweep-<name>.html`` (an ``iclab sweep`` table, sortable, with its figures). ``assets/`` holds the one CSS and the
-one small script (table sorting) shipped in the package: no CDN, no network, it works from ``file://``.
+Pages: ``index.html`` (every paper, its experiments with a figure each, claims passed/total, compute time, preset,
+and what failed, each failing claim linked to its row), ``<paper>.html`` (per experiment, the run of the card's own
+config: the card text, the training curves, the figures, the paper's numbers beside ours, the claims table, the
+resolved config, seeds, time, the other runs with their overrides; the paper-preset numbers beside ours where docs/
+has them), ``run-<experiment>--<run>.html`` (one per other run directory), ``sweep-<name>.html`` (an ``iclab sweep``:
+every point's curves, each metric against each key, its table, sortable and filtered, with its figures) and, from
+``iclab report --compare``, ``compare.html``. ``assets/`` holds the one CSS and the one small script (table sorting,
+filters, charts) shipped in the package and the plotly.min.js of the ``plotly`` package: no CDN, no network, it
+works from ``file://``; chart data sits in each page as JSON (:mod:`iclab.reporting.curves`).
 
 Figures are not copied: pages link them where the runs wrote them, relative to the site
 (``../<experiment>/<preset>-<hash>/fig1.png``), so the site stays valid while it lives in ``<out>`` beside the run
@@ -41,21 +45,23 @@ from markupsafe import Markup, escape
 from iclab.core.errors import IclabError
 from iclab.core.io import atomic_write_text
 from iclab.experiments.runner import ExperimentResult
+from iclab.reporting.curves import Curves, Run, script_json
 from iclab.reporting.pages import (
     SITE_DIR,
     ExperimentPage,
     PaperPage,
     SweepPage,
-    find_run_dirs,
+    find_runs,
     format_seconds,
     git_revision,
     library_version,
-    natural,
     paper_page,
     read_papers,
     read_run_dir,
     read_sweep_dir,
+    slug,
 )
+from iclab.reporting.runs import flatten
 
 log = logging.getLogger("iclab")
 
@@ -108,6 +114,11 @@ def _fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
+def _script_json(data: Any) -> Markup:
+    """Chart data for a ``<script type="application/json">`` element: JSON with ``<``, ``>`` and ``&`` escaped."""
+    return Markup(script_json(data))
+
+
 def _environment() -> Any:
     import jinja2
 
@@ -118,7 +129,9 @@ def _environment() -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(fmt=_fmt, seconds=format_seconds, card=card_html, paper_page=paper_page)
+    env.filters.update(
+        fmt=_fmt, seconds=format_seconds, card=card_html, paper_page=paper_page, slug=slug, json=_script_json
+    )
     return env
 
 
@@ -137,18 +150,17 @@ def write_site(
     """
     out = Path(out)
     site = out / SITE_DIR
-    run_dirs = [Path(r.out_dir) for r in results] if results is not None else find_run_dirs(out)
-    experiments = sorted((read_run_dir(d) for d in run_dirs), key=lambda e: natural(e.name))
+    experiments = find_runs(out, [Path(r.out_dir) for r in results] if results is not None else None)
     sweeps = [read_sweep_dir(s.parent) for s in sorted((out / "sweeps").glob("*/summary.json"))]
     failures = dict(failures or {})
     if not experiments and not sweeps and not failures:
         raise IclabError(f"no run directories or sweeps under {out}: run `iclab reproduce --out {out}` first")
     papers = read_papers(experiments, failures)
     site.mkdir(parents=True, exist_ok=True)
-    _write_assets(site)
-    pages = _render_pages(_common(out, site, papers, sweeps), experiments, papers, sweeps, failures)
+    common = _common(out, site, papers, sweeps) | {"plotly": _write_assets(site)}
+    pages = _render_pages(common, experiments, papers, sweeps, failures)
     _write_pages(site, pages)
-    for e in experiments:
+    for e in [*experiments, *(o for x in experiments for o in x.others)]:
         for problem in e.problems:
             log.warning("%s (%s): %s", e.name, e.run_dir, problem)
     for s in sweeps:
@@ -157,11 +169,25 @@ def write_site(
     return site / "index.html"
 
 
-def _write_assets(site: Path) -> None:
-    """Copy the package's one CSS and one script into ``<site>/assets/``."""
+def _write_assets(site: Path) -> bool:
+    """Copy the package's one CSS and one script into ``<site>/assets/``, and plotly.min.js from the ``plotly``
+    package (once: a copy of the same size stays); False when plotly is not installed (no interactive charts)."""
     for name in ("site.css", "site.js"):
         src = importlib.resources.files("iclab.reporting") / "static" / name
         atomic_write_text(site / "assets" / name, src.read_text(encoding="utf-8"))
+    try:
+        bundle = Path(str(importlib.resources.files("plotly") / "package_data" / "plotly.min.js"))
+    except ModuleNotFoundError:
+        bundle = None
+    if bundle is None or not bundle.is_file():
+        log.warning("no interactive charts in the report: the plotly package is not installed (pip install plotly)")
+        return False
+    dest = site / "assets" / "plotly.min.js"
+    if not dest.is_file() or dest.stat().st_size != bundle.stat().st_size:
+        tmp = dest.with_suffix(".js.tmp")
+        shutil.copyfile(bundle, tmp)
+        os.replace(tmp, dest)
+    return True
 
 
 def _common(out: Path, site: Path, papers: Sequence[PaperPage], sweeps: Sequence[SweepPage]) -> dict[str, Any]:
@@ -221,16 +247,33 @@ def _render_pages(
             totals=totals,
             paper_totals=paper_totals,
             current="index",
-            **common,
+            **(common | {"plotly": False}),  # no chart: the index does not load plotly.min.js (4.8 MB)
         )
     }
+    plotly = common["plotly"]
     for p in papers:
         failed_here = {k: v for k, v in failures.items() if k.split(".", 1)[0] == p.paper}
-        pages[p.page] = env.get_template("paper.html").render(paper=p, failures=failed_here, current=p.paper, **common)
+        charts = {"plotly": plotly and any(e.curves.runs for e in p.experiments)}
+        pages[p.page] = env.get_template("paper.html").render(
+            paper=p, failures=failed_here, current=p.paper, **(common | charts)
+        )
+    links: dict[Path, str] = {}
+    for e in experiments:
+        links[e.run_dir.resolve()] = f"{e.page}#{e.anchor}"
+        for o in e.others:
+            links.setdefault(o.run_dir.resolve(), o.run_page)
+            charts = {"plotly": plotly and bool(o.curves.runs)}
+            pages[o.run_page] = env.get_template("run.html").render(run=o, current=e.paper, **(common | charts))
     for s in sweeps:
         target = next((e for e in experiments if e.name == s.experiment), None)
-        pages[s.page] = env.get_template("sweep.html").render(sweep=s, target=target, current=s.page, **common)
+        pages[s.page] = env.get_template("sweep.html").render(
+            sweep=s, target=target, current=s.page, run_links=links, **(common | {"plotly": plotly and _has_charts(s)})
+        )
     return pages
+
+
+def _has_charts(s: SweepPage) -> bool:
+    return bool(s.charts.get("scatter") or s.charts.get("overlay", {}).get("points"))
 
 
 def _write_pages(site: Path, pages: Mapping[str, str]) -> None:
@@ -238,8 +281,73 @@ def _write_pages(site: Path, pages: Mapping[str, str]) -> None:
     for name, html in pages.items():
         atomic_write_text(site / name, html)
     for stale in site.glob("*.html"):
-        if stale.name not in pages:
+        if stale.name not in pages and stale.name != "compare.html":  # `iclab report --compare` wrote that one
             stale.unlink()
+
+
+# ------------------------------------------------------------------------------------------------ compare runs
+
+
+def write_compare(out: str | Path, run_dirs: Sequence[str | Path]) -> Path:
+    """Write ``<out>/report/compare.html``: the curves of ``run_dirs`` overlaid (one colour per run), the keys of
+    their resolved configs (``config.yaml``) that differ, and their claims side by side. Raises ``IclabError`` for
+    fewer than two run directories or one without a ``config.yaml`` or ``summary.json``."""
+    if len(run_dirs) < 2:
+        raise IclabError(f"--compare needs two run directories or more; got {len(run_dirs)}")
+    for d in run_dirs:
+        if not (Path(d) / "config.yaml").is_file() and not (Path(d) / "summary.json").is_file():
+            raise IclabError(f"{d} is not a run directory (no config.yaml or summary.json): give <out>/<exp>/<run>")
+    runs = [read_run_dir(d) for d in run_dirs]
+    labels = _compare_labels(runs)
+    curves = Curves(
+        runs=tuple(
+            Run(name=f"{label}/{r.name}", series=r.series) for label, e in zip(labels, runs) for r in e.curves.runs
+        )
+    )
+    configs = [flatten(_config(e)) for e in runs]
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    said = [[json.dumps(c[k], sort_keys=True, default=str) if k in c else None for c in configs] for k in keys]
+    diff = [(k, [_fmt(c[k]) if k in c else "—" for c in configs]) for k, s in zip(keys, said) if len(set(s)) > 1]
+    names = list(dict.fromkeys(c.name for e in runs for c in e.claims))
+    claims = [(n, [next((c for c in e.claims if c.name == n), None) for e in runs]) for n in names]
+    out = Path(out)
+    site = out / SITE_DIR
+    site.mkdir(parents=True, exist_ok=True)
+    common = _common(out, site, [], []) | {"plotly": _write_assets(site)}
+    html = (
+        _environment()
+        .get_template("compare.html")
+        .render(
+            runs=runs,
+            labels=labels,
+            curves=curves,
+            diff=diff,
+            claims=claims,
+            problems=[f"{label}: {p}" for label, e in zip(labels, runs) for p in e.problems],
+            current="compare",
+            **common,
+        )
+    )
+    atomic_write_text(site / "compare.html", html)
+    return site / "compare.html"
+
+
+def _config(e: ExperimentPage) -> Any:
+    import yaml
+
+    from iclab.core.safe_parse import load_yaml_text
+
+    try:
+        data = load_yaml_text(e.config_text, what="config.yaml") if e.config_text else {}  # bounded
+    except yaml.YAMLError:
+        return {}
+    return {"preset": e.preset} | (data.get("config", {}) if isinstance(data, dict) else {})
+
+
+def _compare_labels(runs: Sequence[ExperimentPage]) -> list[str]:
+    """Short unique names: the run directory's name, with its experiment where the experiments differ."""
+    labels = [r.run_dir.name if len({x.name for x in runs}) == 1 else f"{r.name}/{r.run_dir.name}" for r in runs]
+    return [f"{label} ({i + 1})" if labels.count(label) > 1 else label for i, label in enumerate(labels)]
 
 
 # ------------------------------------------------------------------------------------------------ a browser
@@ -293,3 +401,42 @@ def _shoot(executable: str, url: str, path: Path, width: int, height: int) -> No
             page.screenshot(path=str(path))
         finally:
             context.close()
+
+
+def serve(out: str | Path, port: int = 8000, host: str = "127.0.0.1") -> Any:
+    """An HTTP server (``http.server.ThreadingHTTPServer``, not yet serving) for ``iclab report --serve``: it serves
+    ``out`` (the pages link the figures where the runs wrote them, ``../<experiment>/...``), and of it only regular
+    files reached without a symbolic link: a link in ``out`` to ``/etc`` (or anywhere) answers 404, as does a
+    directory, a device or a FIFO. ``OSError`` when the port cannot be bound."""
+    import http.server
+    import stat
+
+    root = Path(os.path.realpath(out))
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def send_head(self) -> Any:
+            local = Path(self.translate_path(self.path))  # '..' and '.' already gone: a path under `directory`
+            try:
+                rel = local.relative_to(self.directory)
+            except ValueError:
+                rel = None
+            if rel is not None and local.is_dir() and not os.path.islink(local):
+                if not self.path.split("?", 1)[0].split("#", 1)[0].endswith("/"):
+                    return super().send_head()  # a redirect to the directory's URL with its '/' (no listing)
+                rel = rel / "index.html"
+            if rel is None or os.path.realpath(root / rel) != str(root / rel) or not _regular(root / rel):
+                self.send_error(404, "File not found")
+                return None
+            self.path = "/" + quote(rel.as_posix())  # the directory case: serve its index.html, no listing
+            return super().send_head()
+
+    def _regular(path: Path) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(path).st_mode)
+        except OSError:
+            return False
+
+    def handler(*args: Any, **kwargs: Any) -> Handler:
+        return Handler(*args, directory=str(root), **kwargs)
+
+    return http.server.ThreadingHTTPServer((host, port), handler)

@@ -18,3 +18,24 @@ from iclab.tasks.linear_regression import rotated_covariance as rotated_covarian
 from iclab.tasks.polynomial import PolynomialRegression as PolynomialRegression
 from iclab.tasks.polynomial import quadratic as quadratic
 from iclab.tasks.polynomial import sparse_cubic as sparse_cubic
+
+__all__ = [
+    "AHN2023_SPECTRUM",
+    "CHENG2024_SPECTRUM",
+    "CODE_EXP_SIGMA",
+    "FeatureEpisodes",
+    "FixedEpisodes",
+    "GaussianProcess",
+    "LinearRegression",
+    "PolynomialRegression",
+    "QuadrantCategorical",
+    "RBFMixtureCategorical",
+    "StoryLanguageData",
+    "Task",
+    "TwoLayerReLUNetwork",
+    "digits_episodes",
+    "feature_file_episodes",
+    "quadratic",
+    "rotated_covariance",
+    "sparse_cubic",
+]

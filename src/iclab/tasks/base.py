@@ -13,6 +13,6 @@ from iclab.core.episode import Episode
 class Task(Protocol):
     """Samples ``batch`` episodes of ``n`` context pairs, on ``generator``'s device."""
 
-    def sample(
-        self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32
-    ) -> Episode: ...
+    def sample(self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> Episode:
+        """``batch`` episodes of ``n`` context pairs and one query each, drawn with ``generator`` on its device."""
+        ...

@@ -300,9 +300,11 @@ class FixedEpisodes:
 
     @property
     def size(self) -> int:
+        """Number L of stored episodes."""
         return self.episodes.batch_size
 
     def sample(self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype | None = None) -> Episode:
+        """``batch`` of the stored episodes drawn without replacement, cut to their first ``n`` context pairs."""
         check_batch_n("FixedEpisodes", batch, n)
         require("FixedEpisodes", "batch", batch <= self.size, f"an int <= the set size L = {self.size}", batch)
         require("FixedEpisodes", "n", n <= self.episodes.n, f"an int <= the stored context size {self.episodes.n}", n)

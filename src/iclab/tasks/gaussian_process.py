@@ -43,10 +43,10 @@ COVARIATES = ("sphere", "gaussian", "clustered")
 Method = Literal["auto", "eigh"]
 METHODS = ("auto", "eigh")
 
-#: The spectrum D of Σ = UᵀDU in every experiment of Cheng, Chen, Sra 2024 (App. H.1), d = 5.
 CHENG2024_SPECTRUM = (1.0, 1.0, 0.25, 2.25, 1.0)
-#: The authors' code's exp kernel is exp(⟨u, w⟩/2), i.e. σ = √2 here (the paper: σ = 1); docs/errata.md.
+"""The spectrum D of Σ = UᵀDU in every experiment of Cheng, Chen, Sra 2024 (App. H.1), d = 5."""
 CODE_EXP_SIGMA = math.sqrt(2.0)
+"""The authors' code's exp kernel is exp(⟨u, w⟩/2), i.e. σ = √2 here (the paper: σ = 1); docs/errata.md."""
 
 
 def _covariance(owner: object, d: int, covariance: Tensor | None) -> Tensor:
@@ -241,6 +241,7 @@ class TwoLayerReLUNetwork:
         return Kernel("arccos", weight=float(self.width))
 
     def sample(self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> Episode:
+        """``batch`` episodes of ``n`` context pairs whose labels are a random two-layer ReLU network of the covariates."""
         check_batch_n(type(self).__name__, batch, n)
         dev = generator.device
         u = _whitened_points(batch, n + 1, self.d, self.covariates, self.n_clusters, generator, dtype)  # (B, n+1, d)

@@ -123,6 +123,7 @@ class FeatureEpisodes:
 
     @property
     def feature_dim(self) -> int:
+        """Width of one feature vector."""
         return self.features.shape[1]
 
     def _on(self, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:

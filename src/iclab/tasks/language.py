@@ -433,10 +433,12 @@ class StoryLanguageData:
 
     @property
     def eot_id(self) -> int:
+        """Token id of the end-of-text token."""
         return self._special_id(EOT)
 
     @property
     def pad_id(self) -> int:
+        """Token id of the padding token."""
         return self._special_id(PAD)
 
     def _special_id(self, token: str) -> int:
@@ -449,6 +451,7 @@ class StoryLanguageData:
         return torch.tensor(self.tokenizer.encode(text).ids, dtype=torch.long)
 
     def decode(self, ids: Tensor | list[int]) -> str:
+        """The text of token ids ``ids`` (special tokens kept)."""
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def _stream(self, split: str) -> Tensor:

@@ -18,8 +18,8 @@ from iclab.core.numerics import haar_orthogonal, is_psd, sym_inv_sqrt, sym_sqrt
 WeightPrior = Literal["identity", "inverse_covariance"]
 WEIGHT_PRIORS = ("identity", "inverse_covariance")
 
-#: The spectrum of Σ in every experiment of Ahn et al. 2023 (Sec. 4.3): D = diag(1, 1, 1/4, 1/16, 1).
 AHN2023_SPECTRUM = (1.0, 1.0, 0.25, 0.0625, 1.0)
+"""The spectrum of Σ in every experiment of Ahn et al. 2023 (Sec. 4.3): D = diag(1, 1, 1/4, 1/16, 1)."""
 
 
 def check_batch_n(owner: str, batch: int, n: int) -> None:

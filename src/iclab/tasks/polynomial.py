@@ -151,10 +151,12 @@ class PolynomialRegression:
 
     @property
     def n_monomials(self) -> int:
+        """Number of monomials in the target's feature set."""
         return self.exponents.shape[0]
 
     @property
     def degree(self) -> int:
+        """Highest total degree among the monomials."""
         return int(self.exponents.sum(1).max())
 
     def sample(self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> Episode:

@@ -1,6 +1,14 @@
-"""Closed forms: optimal losses, fixed points, population losses."""
+"""Closed forms: optimal losses, fixed points, population losses.
 
+The functions of Ahn et al. 2023 (:mod:`iclab.theory.preconditioned_gd`) and Cheng et al. 2024
+(:mod:`iclab.theory.functional_gd`) are re-exported here; the population dynamics of Zhang et al. 2025
+(:mod:`iclab.theory.attention_dynamics`: plateau losses of eq. (19), fixed points, the value ODE (21)), the
+polynomial features of Sun et al. 2025 and the Wishart moments are public as modules.
+"""
+
+from iclab.theory import attention_dynamics as attention_dynamics
 from iclab.theory import polynomial_features as polynomial_features
+from iclab.theory import wishart as wishart
 from iclab.theory.categorical import language_parameter_counts as language_parameter_counts
 from iclab.theory.functional_gd import bayes_risk as bayes_risk
 from iclab.theory.functional_gd import conditional_icl_loss as conditional_icl_loss
@@ -38,3 +46,46 @@ from iclab.theory.preconditioned_gd import theorem5_scale as theorem5_scale
 from iclab.theory.preconditioned_gd import trace_moments as trace_moments
 from iclab.theory.preconditioned_gd import wishart_eigenvalues as wishart_eigenvalues
 from iclab.theory.preconditioned_gd import wishart_trace_moments as wishart_trace_moments
+
+__all__ = [
+    "attention_dynamics",
+    "bayes_risk",
+    "best_constant_step",
+    "conditional_icl_loss",
+    "convergence_factor",
+    "episode_bayes_gap",
+    "episode_loss",
+    "fgd_bayes_gap",
+    "fgd_icl_loss",
+    "fgd_propagator",
+    "gradient_structure",
+    "label_propagator",
+    "language_parameter_counts",
+    "linear_gp_bayes_risk",
+    "loss_gradients",
+    "max_stable_step",
+    "mc_loss",
+    "one_layer_loss",
+    "one_layer_loss_tensor",
+    "one_step_scalar_loss",
+    "pattern11_model",
+    "pattern11_scalar_loss",
+    "polynomial_features",
+    "relu_one_layer_loss",
+    "sparse_scalar_loss",
+    "stationary_distance",
+    "stationary_point",
+    "stationary_point_learner",
+    "theorem1_isotropic_loss",
+    "theorem1_isotropic_scale",
+    "theorem1_loss",
+    "theorem1_preconditioner",
+    "theorem3_optimum",
+    "theorem4_optimum",
+    "theorem5_loss",
+    "theorem5_scale",
+    "trace_moments",
+    "wishart",
+    "wishart_eigenvalues",
+    "wishart_trace_moments",
+]

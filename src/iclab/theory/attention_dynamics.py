@@ -107,6 +107,64 @@ def feature_moments(Lambda: Tensor, inv_n: float) -> tuple[Tensor, Tensor]:
     return L2.mT.reshape(-1), torch.kron(Lambda, second_moment_hat(Lambda, inv_n))
 
 
+def _gaussian_moment(Lambda: Tensor, order: int) -> Tensor:
+    """E(x_{i1} ⋯ x_{ik}) for x ~ N(0, Λ), k even: the sum over the pairings of the indices (Isserlis)."""
+
+    def pairings(idx: tuple[int, ...]) -> list[list[tuple[int, int]]]:
+        if not idx:
+            return [[]]
+        first, rest = idx[0], idx[1:]
+        return [[(first, j), *p] for j in rest for p in pairings(tuple(i for i in rest if i != j))]
+
+    letters = "abcdefghij"[:order]
+    out = torch.zeros((Lambda.shape[0],) * order, dtype=Lambda.dtype, device=Lambda.device)
+    for pairing in pairings(tuple(range(order))):
+        spec = ",".join(letters[i] + letters[j] for i, j in pairing) + "->" + letters
+        out = out + torch.einsum(spec, *([Lambda] * len(pairing)))
+    return out
+
+
+def all_blocks_population_moments(Lambda: Tensor, n: int) -> tuple[Tensor, Tensor, Tensor]:
+    """E(f fᵀ) (D(D+1)², D(D+1)²), E(y_q f) (D(D+1)²,) and E(y_q²) = tr Λ for f = x_q ⊗ vec(s), the feature of
+    the full one-layer linear attention with every block free (eq. 91 of App. G in one piece): s = (Σ_n z_n z_nᵀ
+    + z_q z_qᵀ)/N over the N context tokens z_n = [x_n; y_n] and the query z_q = [x_q; 0]
+    (:func:`iclab.models.reduced_attention.all_blocks_statistic`; f[a·(D+1)² + c·(D+1) + b] = x_q,a s_cb).
+
+    Exact for x ~ N(0, Λ), w ~ N(0, I), no label noise, fixed N: given w the context tokens are N(0, Σ_w) with
+    Σ_w = [[Λ, Λw], [wᵀΛ, wᵀΛw]], so Σ_n z_n z_nᵀ is Wishart(N, Σ_w) (E(C_ij C_kl) = N² Σ_ij Σ_kl + N(Σ_ik Σ_jl +
+    Σ_il Σ_jk)) and independent of x_q, whose 4th and 6th moments are Isserlis sums; the remaining average over w
+    is of a polynomial of degree ≤ 4, which the 3-point Gauss-Hermite rule per coordinate integrates exactly.
+    The population loss of W̃ is then E(y_q²) − 2 E(y_q f)ᵀ vec(W̃) + vec(W̃)ᵀ E(f fᵀ) vec(W̃), vec as
+    :func:`iclab.models.reduced_attention.cubic_feature`; on the reduced blocks it is :func:`population_loss`.
+    """
+    _check_lambda(Lambda)
+    require_int("all_blocks_population_moments", "n", n, 1)
+    L = Lambda
+    d, dt = L.shape[0], L.dtype
+    D = d + 1
+    # the 3-point Gauss-Hermite rule for N(0, 1), as a product rule over the d coordinates of w
+    x1 = torch.tensor([-(3.0**0.5), 0.0, 3.0**0.5], dtype=dt, device=L.device)
+    w1 = torch.tensor([1 / 6, 2 / 3, 1 / 6], dtype=dt, device=L.device)
+    nodes = torch.cartesian_prod(*[x1] * d).reshape(-1, d)  # (3^d, d)
+    weights = torch.cartesian_prod(*[w1] * d).reshape(-1, d).prod(-1)  # (3^d,)
+    A = torch.eye(D, d, dtype=dt, device=L.device).expand(nodes.shape[0], D, d).clone()
+    A[:, d, :] = nodes  # z = A x: A = [I; wᵀ]
+    Sig = A @ L @ A.mT  # (J, D, D): Σ_w
+    E_S = torch.einsum("j,jcb->cb", weights, Sig)  # E_w Σ_w = diag-block(Λ, tr Λ)
+    E_SS = torch.einsum("j,jcb,jef->cbef", weights, Sig, Sig)
+    wish = E_SS + (E_SS.permute(0, 2, 1, 3) + E_SS.permute(0, 3, 2, 1)) / n  # E(C C)/N², C = Σ_n z_n z_nᵀ
+    pad = (0, 1)
+    m4 = torch.nn.functional.pad(_gaussian_moment(L, 4), pad * 2)  # (d, d, D, D): x_q,a x_q,a' z_q,c z_q,b
+    m6 = torch.nn.functional.pad(_gaussian_moment(L, 6), pad * 4)
+    M = (
+        torch.einsum("ae,cbfg->acbefg", L, wish)
+        + (torch.einsum("aecb,fg->acbefg", m4, E_S) + torch.einsum("aefg,cb->acbefg", m4, E_S)) / n
+        + m6.permute(0, 2, 3, 1, 4, 5) / n**2
+    ).reshape(d * D * D, d * D * D)
+    c = torch.einsum("j,ja,jcb->acb", weights, nodes @ L, Sig).reshape(-1)  # E_w((Λw)_a Σ_w,cb)
+    return M, c, torch.trace(L)
+
+
 def vec(M: Tensor) -> Tensor:
     """Column-stacking vec of the last two axes: (..., D, D) -> (..., D²)."""
     return M.mT.reshape(*M.shape[:-2], -1)

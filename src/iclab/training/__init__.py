@@ -12,6 +12,26 @@ from iclab.training.results import Trajectory as Trajectory
 from iclab.training.run import ModelSpec as ModelSpec
 from iclab.training.run import TrainingRun as TrainingRun
 from iclab.training.run import execute_all as execute_all
+from iclab.training.stop import Stopped as Stopped
 from iclab.training.trainer import load_history as load_history
 from iclab.training.trainer import mse_loss as mse_loss
 from iclab.training.trainer import train as train
+
+__all__ = [
+    "GivenBatches",
+    "ModelSpec",
+    "StepSource",
+    "StepTiming",
+    "Stopped",
+    "TrainConfig",
+    "TrainResult",
+    "TrainingRun",
+    "Trajectory",
+    "execute_all",
+    "full_batch_gd",
+    "load_history",
+    "mse_loss",
+    "online_sgd",
+    "population_flow",
+    "train",
+]

@@ -80,6 +80,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         pos = "an int >= 1"
+        self._check_finite()
         require_int(self, "steps", self.steps, 1)
         require_int(self, "batch_size", self.batch_size, 1)
         require(self, "optimizer", self.optimizer in OPTIMIZERS, f"one of {OPTIMIZERS}")
@@ -112,6 +113,17 @@ class TrainConfig:
         require(self, "lbfgs_history", self.lbfgs_history >= 1, pos)
         require(self, "lbfgs_max_iter", self.lbfgs_max_iter >= 1, pos)
         require(self, "lbfgs_line_search", self.lbfgs_line_search in (None, "strong_wolfe"), "None or 'strong_wolfe'")
+
+    def _check_finite(self) -> None:
+        """Refuse an infinity or NaN where a finite number is meant (``lr=1e400`` reads as inf), before the range
+        checks: one ConfigError naming the field."""
+        for name in ("lr", "eps", "weight_decay", "momentum", "step_gamma", "clip", "clip_eps"):
+            value = getattr(self, name)
+            if isinstance(value, float) and not math.isfinite(value):
+                require(self, name, False, "finite" if name not in ("clip", "clip_eps") else "null or finite")
+        betas = self.betas
+        if isinstance(betas, tuple | list) and any(isinstance(b, float) and not math.isfinite(b) for b in betas):
+            require(self, "betas", False, "two finite floats in [0, 1)")
 
     def _check_clip_rules(self) -> None:
         th = self.clip_thresholds

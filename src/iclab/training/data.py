@@ -40,11 +40,17 @@ class StepSource(Protocol):
     calls before it), so that a resumed run reads the batches an uninterrupted one reads.
     """
 
-    def check(self, config: TrainConfig) -> None: ...
+    def check(self, config: TrainConfig) -> None:
+        """Raise a :class:`~iclab.core.ConfigError` when the source cannot serve ``config``."""
+        ...
 
-    def at(self, step: int, config: TrainConfig) -> Episode: ...
+    def at(self, step: int, config: TrainConfig) -> Episode:
+        """The training batch of step ``step`` (0-based); a function of ``step`` alone."""
+        ...
 
-    def test(self, config: TrainConfig) -> Episode: ...
+    def test(self, config: TrainConfig) -> Episode:
+        """The held-out episode for ``test_loss``."""
+        ...
 
 
 class GivenBatches:

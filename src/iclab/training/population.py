@@ -17,6 +17,13 @@ an Euler step of τ dθ/dt = −½ ∂L/∂θ with Δt/τ = 2η: ``Trajectory.ti
   to autograd on ``model.predict``.
 * :func:`online_sgd` — SGD on a fresh batch every step, through the shared trainer.
 
+All blocks: a model built with ``all_blocks=True`` (the zero blocks of Sec. 2.3-2.4 as parameters, App. G) reads
+the token second moment s instead of β (:func:`~iclab.models.reduced_attention.all_blocks_statistic`); the same
+moment route then trains every weight of the one-layer linear attention on the finite set (z = x_q ⊗ vec s has
+D(D+1)² entries: a (100, 100) second moment for D = 4), and the exact population loss of the iterates comes from
+:func:`~iclab.theory.attention_dynamics.all_blocks_population_moments` (fixed N only, no ``next_token``).
+:func:`population_flow` of such a model is GD on that exact loss.
+
 Next-token loss (eq. 23): ``next_token=True`` trains on every prefix of each sequence
 (:func:`~iclab.models.reduced_attention.prefix_statistics`); the population counterpart is
 :func:`population_flow` with ``inv_n = expected_inv_n(N_max)`` (eq. 26).
@@ -34,7 +41,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
 from iclab.core.learner import Learner
 from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
-from iclab.theory.attention_dynamics import population_loss, second_moment_hat
+from iclab.theory.attention_dynamics import all_blocks_population_moments, population_loss, second_moment_hat
 from iclab.training.config import DType, TrainConfig
 from iclab.training.results import StepTiming, Trajectory
 from iclab.training.trainer import train
@@ -73,10 +80,27 @@ def _seeds_first(t: Tensor, batched: bool) -> Tensor:
     return t.movedim(0, 1).contiguous() if batched else t
 
 
+def _context_length(owner: str, inv_n: float) -> int:
+    """N from inv_n = 1/N: the all-blocks population moments need a fixed context length."""
+    n = round(1.0 / float(inv_n)) if float(inv_n) > 0 else 0
+    require(owner, "inv_n", n >= 1 and abs(n * float(inv_n) - 1) < 1e-12, "1/N for a fixed N (all_blocks)", inv_n)
+    return n
+
+
+def _quadratic(moments: tuple[Tensor, Tensor, Tensor], W: Tensor) -> Tensor:
+    """E(y − vec(W)ᵀ z)² = yy − 2 cᵀw + wᵀ M w for the moments (M, c, yy) of z: (…, k, d) -> (…)."""
+    M, c, yy = moments
+    w = W.mT.flatten(-2)  # vec(W), columns stacked like z
+    return yy - 2 * (c * w).sum(-1) + (w * (w @ M.mT)).sum(-1)
+
+
 def _population(model: _ReducedAttention, params: dict[str, Tensor], Lambda: Tensor, inv_n: float) -> Tensor:
     """Exact population loss of stacked snapshots (T, [S], ...) -> (T, [S])."""
     W = model.effective_matrix(params)
-    return population_loss(W, Lambda.to(device=W.device, dtype=W.dtype), inv_n)
+    Lam = Lambda.to(device=W.device, dtype=W.dtype)
+    if model.all_blocks:
+        return _quadratic(all_blocks_population_moments(Lam, _context_length("population loss", inv_n)), W)
+    return population_loss(W, Lam, inv_n)
 
 
 def _finish(
@@ -127,6 +151,10 @@ def population_flow(
     params = m.params()
     ref = params["v"]
     Lam = torch.as_tensor(Lambda).to(device=ref.device, dtype=ref.dtype)
+    if m.all_blocks:  # the same GD on the exact population moments of the all-blocks feature
+        mom = all_blocks_population_moments(Lam, _context_length(owner, inv_n))
+        given = _full_batch_reduced(m, [mom], lr, steps, record_every, "given", owner)
+        return _finish(m, *given[:2], lr, given[2], None, {"mode": "population_flow", "inv_n": float(inv_n)})
     A = second_moment_hat(Lam, inv_n)  # E(Λ̂²), validates Λ and inv_n
     L2 = Lam @ Lam
     rec = _record_steps(steps, record_every)
@@ -152,8 +180,16 @@ def population_flow(
 # --- full-batch GD on a fixed training set ---------------------------------------------------------
 
 
-def _statistics(episode: Episode, next_token: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """(β, x_q, y_q) of every regression problem in the training set: (P, d), (P, d), (P,)."""
+def _statistics(
+    episode: Episode, next_token: bool, model: _ReducedAttention | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(β, x_q, y_q) of every regression problem in the training set: (P, d), (P, d), (P,); vec s (P, (d+1)²) in
+    place of β for an all-blocks ``model``."""
+    if model is not None and model.all_blocks:
+        require("full_batch_gd", "next_token", not next_token, "False for an all_blocks model (fixed N)", True)
+        if episode.y_query is None:
+            raise ValueError("full_batch_gd needs training episodes with y_query (the targets)")
+        return model.statistic(episode), episode.x_query, episode.y_query
     if next_token:
         beta, xq, yq = prefix_statistics(episode)
         d = episode.d
@@ -178,13 +214,16 @@ def _full_batch_reduced(
     steps: int,
     record_every: int,
     method: str,
+    owner: str = "full_batch_gd",
 ) -> tuple[dict[str, list[Tensor]], list[int], Tensor]:
+    """GD on the MSE of each seed's data: ``data`` holds (β, x_q, y_q) per seed, or with ``method='given'`` the
+    moments (M, c, yy) of z themselves (e.g. population moments)."""
     params = m.params()
-    d = m.d
+    d, width = m.d, m.stat_dim
     per_seed = len(data) > 1
     stack = (lambda ts: torch.stack(ts)) if per_seed else (lambda ts: ts[0])
-    if method == "moments":
-        mom = [_moments(*t) for t in data]
+    if method in ("moments", "given"):
+        mom = data if method == "given" else [_moments(*t) for t in data]
         M, c, yy = (stack([x[i] for x in mom]) for i in range(3))  # ([S,] d², d²), ([S,] d²), ([S,])
     else:
         beta, xq, yq = (stack([x[i] for x in data]) for i in range(3))  # ([S,] P, d), ..., ([S,] P)
@@ -194,10 +233,10 @@ def _full_batch_reduced(
     losses: list[Tensor] = []
     for step in range(steps + 1):
         W = m.effective_matrix(params)  # ([S,] d, d)
-        if method == "moments":
+        if method in ("moments", "given"):
             w = W.mT.flatten(-2)  # ([S,] d²): vec(W), columns stacked like z
             Mw = (M @ w.unsqueeze(-1)).squeeze(-1)
-            G = (c - Mw).unflatten(-1, (d, d)).mT  # mean(r β x_qᵀ) = −½ ∂L/∂W
+            G = (c - Mw).unflatten(-1, (d, width)).mT  # mean(r β x_qᵀ) = −½ ∂L/∂W
             if step in rec_set:
                 losses.append(yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1))
         else:
@@ -212,7 +251,7 @@ def _full_batch_reduced(
             break
         for k, g in m.parameter_flow(G, params).items():
             params[k].add_(g, alpha=2.0 * lr)
-    _nonfinite("full_batch_gd", params, lr)
+    _nonfinite(owner, params, lr)
     m.load_params(params)
     return snaps, rec, torch.stack(losses)
 
@@ -281,8 +320,11 @@ def full_batch_gd(
 
     Reduced models use the sufficient statistics: ``method='moments'`` (default) pre-computes the
     (d², d²) second moment of z = vec(β x_qᵀ) once, ``'samples'`` keeps β and x_q (P, d). Both are the
-    same GD up to float rounding. Any other module with ``predict`` is trained by autograd on the full
-    batch (single seed, no ``next_token``).
+    same GD up to float rounding. An ``all_blocks`` model trains every weight of the one-layer attention in the
+    same way (vec s in place of β; ``loss`` with ``Lambda`` is then its exact population loss). Any other module
+    with ``predict`` is trained by autograd on the full batch through :func:`iclab.training.train` (single seed,
+    no ``next_token``): e.g. the token-level :class:`~iclab.models.LinearTransformer`, which the moment route
+    equals step by step.
     """
     owner = "full_batch_gd"
     _check_common(owner, model, lr, steps, record_every)
@@ -316,7 +358,7 @@ def full_batch_gd(
     data = []
     for ep in eps:
         require(owner, "episodes", ep.d == model.d, f"episodes with d = {model.d}", f"d = {ep.d}")
-        beta, xq, yq = (t.to(device=ref.device, dtype=ref.dtype) for t in _statistics(ep, next_token))
+        beta, xq, yq = (t.to(device=ref.device, dtype=ref.dtype) for t in _statistics(ep, next_token, model))
         data.append((beta, xq, yq))
     snaps, rec, train = _full_batch_reduced(model, data, lr, steps, record_every, method)
     if Lambda is None:
@@ -377,7 +419,7 @@ def online_sgd(
     seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
 
     def loss_fn(model_: nn.Module, episode: Episode) -> Tensor:
-        beta, xq, yq = _statistics(episode, next_token)
+        beta, xq, yq = _statistics(episode, next_token, m)
         return (m.from_statistics(beta, xq) - yq).pow(2).mean(-1).sum()
 
     cfg = TrainConfig(

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from iclab.core.io import atomic_torch_save, atomic_write_text, safe_torch_load
+from iclab.core.safe_parse import load_json_file
 
 __all__ = ["StepTiming", "TrainResult", "Trajectory"]
 
@@ -72,10 +73,12 @@ class TrainResult:
 
     @property
     def final_test_loss(self) -> float:
+        """The last logged test loss (NaN when none was logged)."""
         rows = [r for r in self.history if "test_loss" in r]
         return rows[-1]["test_loss"] if rows else float("nan")
 
     def curve(self, key: str) -> tuple[list[int], list[float]]:
+        """The logged curve of ``key``: (steps, values) as lists."""
         rows = [r for r in self.history if key in r]
         return [int(r["step"]) for r in rows], [r[key] for r in rows]
 
@@ -121,6 +124,7 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """The trajectory stored by :meth:`to_dict`."""
         f64 = torch.float64
         return cls(
             steps=torch.tensor(data["steps"], dtype=torch.long),
@@ -142,7 +146,8 @@ class Trajectory:
 
     @classmethod
     def load(cls, path: str | Path) -> Trajectory:
+        """The trajectory saved at ``path``."""
         path = Path(path)
         if path.suffix == ".json":
-            return cls.from_dict(json.loads(path.read_text()))
+            return cls.from_dict(load_json_file(path))  # bounded: size, nesting, repeated keys
         return cls(**safe_torch_load(path))

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from iclab.core.episode import Episode
 from iclab.core.errors import ConfigError, require
 from iclab.core.seeding import derive_seed, generator
+from iclab.training import stop
 from iclab.training.config import TrainConfig
 from iclab.training.population import Trajectory, full_batch_gd, population_flow
 from iclab.training.trainer import LossFn, SnapshotFn, TrainResult, mse_loss, train
@@ -66,6 +67,7 @@ class ModelSpec:
     dtype: Literal["float32", "float64"] | None = None
 
     def build(self, generator: torch.Generator | None = None) -> nn.Module:
+        """A fresh model of this spec, its initial weights drawn with ``generator``."""
         args = () if self.config is None else (self.config,)
         model = self.cls(*args, **self.kwargs, generator=generator)
         return model.to(getattr(torch, self.dtype)) if self.dtype is not None else model
@@ -118,6 +120,7 @@ class TrainingRun:
             raise ConfigError(f"{owner}.inv_n must be set in the population regime (1/N, or E(1/N) for next-token)")
 
     def build_model(self) -> nn.Module:
+        """The model this run trains: the given module, or a new one built from its spec."""
         if isinstance(self.model, nn.Module):
             return self.model
         return self.model.build(generator(derive_seed(self.seed, *self.init_key)))
@@ -126,6 +129,8 @@ class TrainingRun:
         """Train and return the :class:`TrainResult` (the trained model, its curves and snapshots)."""
         model = self.build_model()
         cfg = dataclasses.replace(self.train, seed=self.seed)
+        if self.regime != "sampled" and stop.should_stop():  # the reduced regimes do not checkpoint: start none
+            raise stop.Stopped(f"{self.name} not started", stop.requested() or "requested", not_started=1)
         if self.regime == "sampled":
             result = train(
                 model,
@@ -175,11 +180,20 @@ def execute_all(
 ) -> list[TrainResult]:
     """Execute ``runs`` in this process, one after another, and return their results in the same order.
 
+    A run asked to stop (:mod:`iclab.training.stop`) checkpoints and raises :class:`~iclab.training.stop.Stopped`,
+    counting the runs after it as not started.
+
     A backend (``iclab.experiments.backends``: a local process pool, Ray) runs each on a worker with
     :func:`execute_on` instead; :meth:`iclab.experiments.registry.RunContext.execute` chooses.
     """
     check_names(runs)
-    return [r.execute(device=device, progress=progress) for r in runs]
+    results = []
+    for i, r in enumerate(runs):
+        try:
+            results.append(r.execute(device=device, progress=progress))
+        except stop.Stopped as e:  # the runs after it are not started; a caller's summary counts them
+            raise stop.Stopped(e.progress, e.reason, e.not_started + len(runs) - i - 1) from None
+    return results
 
 
 def execute_on(run: TrainingRun, *, device: str = "cpu") -> TrainResult:

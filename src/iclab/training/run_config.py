@@ -64,6 +64,10 @@ class RunConfig:
     device: str = "cpu"
     out: str = "runs/train"
 
+    def __post_init__(self) -> None:
+        if not self.out.strip():  # '' would write into the current folder
+            raise ConfigError(f"out must name a folder (the run goes in <out>/<config hash>/); got {self.out!r}")
+
 
 def parse_run_config(data: dict[str, Any]) -> RunConfig:
     """Validate a YAML dict into a :class:`RunConfig` (unknown keys and names fail here)."""

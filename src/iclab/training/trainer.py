@@ -31,7 +31,9 @@ from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, Ou
 from iclab.core.io import atomic_torch_save, atomic_write_text, quarantine, rotate, safe_torch_load
 from iclab.core.learner import Learner
 from iclab.core.memory import activation_factor, check_fits
+from iclab.core.safe_parse import load_json_text
 from iclab.core.seeding import derive_seed, generator
+from iclab.training import stop
 from iclab.training.config import TrainConfig
 from iclab.training.data import StepSource
 from iclab.training.optim import clip_gradients, clip_groups_, lr_factor, make_optimizer
@@ -44,7 +46,10 @@ SnapshotFn = Callable[[nn.Module], dict[str, Tensor]]
 
 CHECKPOINT = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the last: the fallback when the last is damaged
+NEWEST = "checkpoint.new.pt"  # a checkpoint written in full, before the rotation renames it checkpoint.pt
+CANDIDATES = (CHECKPOINT, NEWEST, PREVIOUS)  # where a checkpoint may be after a crash at any point of a rotation
 METRICS = "metrics.jsonl"
+PENDING_LOSSES = 1000  # at most this many steps' losses are held on the device before their finiteness check
 
 log = logging.getLogger("iclab")
 
@@ -145,6 +150,7 @@ def train(
     snapshot_fn: SnapshotFn | None = None,
     progress: Progress | None = None,
     description: str = "train",
+    stop_when: Callable[[int], bool] | None = None,
 ) -> TrainResult:
     """Train ``model`` in place on batches from ``sample`` and return its history.
 
@@ -158,15 +164,24 @@ def train(
     when ``config.tensorboard``). ``snapshot_fn(model)`` is recorded every
     ``config.snapshot_every`` steps, at step 0 and at the end.
 
+    A run asked to stop (:mod:`iclab.training.stop`: the ``--time-limit`` deadline, SIGTERM, SIGUSR1, SIGINT; or
+    ``stop_when(steps done)`` returning True, a test's hook) checkpoints at its next step boundary and raises
+    :class:`~iclab.training.stop.Stopped`; the same call then continues it bit for bit.
+
     The steps are the methods of :class:`_Run`, in this order: set up, resume, the step loop, finish.
     """
     run = _Run(model, sample, config, out_dir, device, loss_fn, test_episode, snapshot_fn, description)
     finished = run.resume()
     if finished is not None:
         return finished
+    if stop.should_stop():  # asked to stop before this run began (a queued run, a later stage)
+        why = stop.requested() or "requested"
+        if run.start == 0:
+            raise stop.Stopped(f"{description} not started", why, not_started=1)
+        raise stop.Stopped(f"{description} at step {run.start}/{config.steps}", why)
     run.open_tensorboard()
     t0 = time.perf_counter()
-    run.loop(progress, t0)
+    run.loop(progress, t0, stop_when)
     return run.finish(t0)
 
 
@@ -225,20 +240,32 @@ class _Run:
         self.step_times: list[float] = []
         self.eval_times: list[float] = []
         self.draw_times: list[float] = []
+        self.pending: list[tuple[int, Tensor]] = []  # (step, loss) not yet checked finite (checked in one host sync)
+        self.last_finite: tuple[int, Tensor] | None = None  # the newest loss checked finite
 
     def resume(self) -> TrainResult | None:
         """Resume from the last checkpoint in ``out_dir`` written under the same config: the model, the optimiser, the
         history and the snapshots, and the step to go on from. The batches need no saved state (they are a function
-        of the seed and the step), so the run goes on bit for bit. Returns the result of a run that had finished,
-        else None (train from ``self.start``)."""
-        ck = _load_checkpoint(self.out, self.device) if self.out is not None else None
-        if ck is None or ck.get("config") != self.cfg_dict:
+        of the seed and the step), so the run goes on bit for bit. The checkpoint is the newest one that verifies and
+        fits this model and optimiser (:func:`_load_checkpoint`); ``metrics.jsonl`` is brought up to its history
+        (:meth:`repair_metrics`). Returns the result of a run that had finished, else None (train from
+        ``self.start``)."""
+        if self.out is None:
+            return None
+        ck = _load_checkpoint(
+            self.out, self.device, self.cfg_dict, lambda c: _checkpoint_problem(c, self.model, self.opt, self.cfg.steps)
+        )
+        if ck is None:
             return None
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.history, self.snap_steps, self.start = ck["history"], ck["snapshot_steps"], ck["step"]
         self.snaps = {k: list(v.unbind(0)) for k, v in ck["snapshots"].items()}
         self.resumed = self.start
+        # the skip count of the checkpoint's own step (a skip after the last metrics row counts too); a checkpoint
+        # written before the count was stored carries it in its last row
+        self.skipped = int(ck.get("skipped", self.history[-1].get("skipped_steps", 0) if self.history else 0))
+        self.repair_metrics()
         if not ck.get("finished"):
             return None
         return TrainResult(
@@ -253,10 +280,14 @@ class _Run:
 
             self.writer = SummaryWriter(str(self.out / "tb"), purge_step=self.start if self.start else None)
 
-    def loop(self, progress: Progress | None, t0: float) -> None:
+    def loop(self, progress: Progress | None, t0: float, stop_when: Callable[[int], bool] | None = None) -> None:
         """The step loop from ``self.start`` to ``cfg.steps``: each step an optimiser step (:meth:`step`), then on their
         schedules the metrics row (:meth:`log`), a snapshot and a checkpoint (:meth:`save`; ``t0`` dates its
-        seconds). Under ``progress`` when a caller shares its bar, else a bar of its own when ``cfg.progress``."""
+        seconds). Under ``progress`` when a caller shares its bar, else a bar of its own when ``cfg.progress``.
+
+        After each step but the last, :func:`iclab.training.stop.should_stop` (or ``stop_when(steps done)``) may stop
+        the run: it checkpoints that step (the state :meth:`resume` goes on from) and raises
+        :class:`~iclab.training.stop.Stopped`."""
         cfg = self.cfg
         if self.start == 0:
             if cfg.projection == "start_and_after_step":
@@ -264,27 +295,38 @@ class _Run:
             self.record_snapshot(0)
         with _progress_bar(cfg.progress, progress) as bar:
             task_id = bar.add_task(self.description, total=cfg.steps, completed=self.start) if bar is not None else None
-            self.skipped = int(self.history[-1].get("skipped_steps", 0)) if self.history else 0
-            for step in range(self.start, cfg.steps):
-                loss, lr, skipped_now = self.step(step)
-                done = step + 1
-                row = self.log(step, loss, lr, skipped_now)
-                if row is not None and bar is not None and task_id is not None:
-                    bar.update(task_id, description=f"{self.description} loss={row['train_loss']:.4g}")
-                if cfg.snapshot_every and done % cfg.snapshot_every == 0:
-                    self.record_snapshot(done)
-                if bar is not None and task_id is not None:
-                    bar.update(task_id, completed=done)
-                if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps:
-                    self.save(done, False, time.perf_counter() - t0)
-            if bar is not None and task_id is not None and progress is not None:
-                bar.remove_task(task_id)
+            try:
+                for step in range(self.start, cfg.steps):
+                    loss, lr, skipped_now = self.step(step)
+                    done = step + 1
+                    row = self.log(step, loss, lr, skipped_now)
+                    if row is not None and bar is not None and task_id is not None:
+                        bar.update(task_id, description=f"{self.description} loss={row['train_loss']:.4g}")
+                    if cfg.snapshot_every and done % cfg.snapshot_every == 0:
+                        self.record_snapshot(done)
+                    if bar is not None and task_id is not None:
+                        bar.update(task_id, completed=done)
+                    saved = bool(cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and done < cfg.steps)
+                    if saved:
+                        self.save(done, False, time.perf_counter() - t0)
+                    if done < cfg.steps and (stop.should_stop() or (stop_when is not None and stop_when(done))):
+                        if not saved:
+                            self.save(done, False, time.perf_counter() - t0)
+                        if self.writer is not None:
+                            self.writer.close()
+                        where = f"{self.description} at step {done}/{cfg.steps}"
+                        where += "" if self.out is not None else " (kept in memory only: it starts again)"
+                        raise stop.Stopped(where, stop.requested() or "requested")
+            finally:
+                if bar is not None and task_id is not None and progress is not None:
+                    bar.remove_task(task_id)
 
     def step(self, step: int) -> tuple[Tensor, float, bool]:
         """One optimiser step on ``step``'s batch at ``step``'s learning rate, the gradients clipped when ``cfg.clip``
         or ``cfg.clip_thresholds`` is set (:meth:`clip`) and the masked entries re-zeroed after the update when
         ``cfg.projection`` asks (:meth:`project`); with ``cfg.skip_nonfinite`` a non-finite gradient skips the update
-        (and the projection). Returns (the loss before the update, the
+        (and the projection). The loss of every step that was not skipped is held, on the device, for :meth:`log`'s
+        finiteness check. Returns (the loss before the update, the
         learning rate, whether the update was skipped). Its host time goes to ``step_times``, and the drawing of a
         new batch, timed apart, to ``draw_times``."""
         cfg, opt, params, model = self.cfg, self.opt, self.params, self.model
@@ -325,6 +367,8 @@ class _Run:
                 opt.step()
                 if cfg.projection != "none":
                     self.project()
+        if not skipped_now:
+            self.pending.append((step, loss.detach()))  # checked finite in :meth:`log`, with no host sync here
         self.step_times.append(time.perf_counter() - t_step - t_draw)
         return loss, lr, skipped_now
 
@@ -351,14 +395,19 @@ class _Run:
     def log(self, step: int, loss: Tensor, lr: float, skipped_now: bool) -> dict[str, float] | None:
         """The metrics row of ``step`` when one is due (every ``log_every`` steps; with the test loss every
         ``eval_every`` steps; both at the last step), else None. The row is the step's only host sync (besides the
-        gradient check when skipping); it is checked finite (a non-finite loss or parameter raises DivergenceError),
-        appended to the history and written to TensorBoard."""
+        gradient check when skipping). Every step's loss is checked finite, not only the logged ones: the losses held
+        since the last row are checked together at the row (:meth:`check_losses`, at least every ``PENDING_LOSSES``
+        steps); the row's test loss and the parameters are checked too. A non-finite one raises DivergenceError naming
+        the first step that had one. The row is appended to the history and written to TensorBoard."""
         cfg = self.cfg
         done = step + 1
         log_now = step % cfg.log_every == 0 or done == cfg.steps
         eval_now = bool(cfg.eval_every and step % cfg.eval_every == 0) or done == cfg.steps
         if not (log_now or eval_now):
+            if len(self.pending) >= PENDING_LOSSES:
+                self.check_losses()
             return None
+        self.check_losses()
         row = {"step": float(step), "train_loss": float(loss.detach()), "lr": lr}
         if cfg.skip_nonfinite:
             row["skipped_steps"] = float(self.skipped)
@@ -366,10 +415,11 @@ class _Run:
             t_eval = time.perf_counter()
             row["test_loss"] = self.evaluate()
             self.eval_times.append(time.perf_counter() - t_eval)
-        checked = {k: v for k, v in row.items() if not (skipped_now and k == "train_loss")}
         bad_param = _first_nonfinite(self.model)
-        if bad_param is not None or not all(math.isfinite(v) for v in checked.values()):
-            raise _divergence(self.description, step, row, bad_param, self.history, self.out)
+        if bad_param is not None:
+            raise self.diverged(step, f"parameter {bad_param!r} became non-finite")
+        if not math.isfinite(row.get("test_loss", 0.0)):
+            raise self.diverged(step, f"non-finite test loss ({row['test_loss']})")
         self.history.append(row)
         if self.writer is not None:
             for k, v in row.items():
@@ -391,13 +441,70 @@ class _Run:
                 self.snaps.setdefault(k, []).append(v.detach().to("cpu", torch.float64).clone())
         self.snap_steps.append(step)
 
+    def check_losses(self) -> None:
+        """Check the losses held since the last check finite, in one host sync; a non-finite one raises
+        DivergenceError naming the first step that had one."""
+        if not self.pending:
+            return
+        first = _first_nonfinite_loss([loss for _, loss in self.pending])
+        if first is None:
+            self.last_finite, self.pending = self.pending[-1], []
+            return
+        if first > 0:
+            self.last_finite = self.pending[first - 1]
+        step, loss = self.pending[first]
+        self.pending = []
+        raise self.diverged(step, f"non-finite loss ({float(loss)})")
+
+    def check_state(self, step: int) -> None:
+        """Before the checkpoint of ``step`` (steps done): every loss since the last check, the parameters and the
+        optimiser state finite, else DivergenceError; a diverged state is never written."""
+        self.check_losses()
+        bad_param = _first_nonfinite(self.model)
+        if bad_param is not None:
+            raise self.diverged(step - 1, f"parameter {bad_param!r} became non-finite")
+        if not _all_finite(_state_tensors(self.opt.state_dict()["state"])):
+            raise self.diverged(step - 1, "the optimiser state became non-finite")
+
+    def diverged(self, step: int, what: str) -> DivergenceError:
+        """The DivergenceError of ``what`` at ``step``, with the newest finite loss and the checkpoints kept."""
+        last: tuple[int, float] | None = None
+        if self.last_finite is not None:
+            last = (self.last_finite[0], float(self.last_finite[1]))
+        else:
+            row = next((r for r in reversed(self.history) if math.isfinite(r.get("train_loss", math.nan))), None)
+            last = (int(row["step"]), row["train_loss"]) if row is not None else None
+        return _divergence(self.description, step, what, last, self.out)
+
+    def repair_metrics(self) -> None:
+        """Bring ``metrics.jsonl`` up to the resumed checkpoint's history: a file behind it (a write the disk refused),
+        damaged or missing is rewritten from it, so no acknowledged row is lost; rows ahead of it (a newer checkpoint
+        set aside) are left, and the run writes them again, identical."""
+        assert self.out is not None
+        path = self.out / METRICS
+        rows = _read_rows(path)
+        if rows is not None and rows[: len(self.history)] == self.history:
+            return
+        try:
+            atomic_write_text(path, _rows_text(self.history))
+        except OSError as e:
+            raise OutputError(
+                f"{self.description}: could not rewrite {path} from the checkpoint of step {self.start} "
+                f"({e.strerror or e}); the checkpoint is kept: free space and run the same command again"
+            ) from e
+
     def save(self, step: int, finished: bool, seconds: float) -> None:
-        """Checkpoint the run at ``step`` in ``out_dir`` (nothing without one): the last checkpoint is kept as the
-        previous one, the new one written atomically, and ``metrics.jsonl`` rewritten. A failed write raises
-        OutputError naming the checkpoint kept."""
+        """Checkpoint the run at ``step`` in ``out_dir`` (nothing without one), once its state is checked finite
+        (:meth:`check_state`: a diverged state is never written), then rewrite ``metrics.jsonl`` from the history.
+
+        The checkpoint is written in full as ``checkpoint.new.pt`` (temporary file, fsync, rename), then the rotation
+        renames ``checkpoint.pt`` to ``checkpoint.prev.pt`` and the new one to ``checkpoint.pt``: a crash between any
+        two steps leaves the newest checkpoint under a name :func:`_load_checkpoint` tries. A failed write raises
+        OutputError saying what was written and what is kept."""
         out = self.out
         if out is None:
             return
+        self.check_state(step)
         state = {
             "config": self.cfg_dict,
             "model": self.model.state_dict(),
@@ -408,20 +515,25 @@ class _Run:
             "snapshot_steps": self.snap_steps,
             "finished": finished,
             "seconds": seconds,
+            "skipped": self.skipped,
         }
         try:
+            atomic_torch_save(out / NEWEST, state)
             if (out / CHECKPOINT).is_file():
                 rotate(out / CHECKPOINT, out / PREVIOUS)
-            atomic_torch_save(out / CHECKPOINT, state)
-            atomic_write_text(out / METRICS, "".join(json.dumps(r) + "\n" for r in self.history))
+            rotate(out / NEWEST, out / CHECKPOINT)
         except OSError as e:
-            kept = next(
-                (f"{n} (step {_step_of(out / n)})" for n in (CHECKPOINT, PREVIOUS) if (out / n).is_file()), None
-            )
             raise OutputError(
                 f"{self.description}: could not write the checkpoint of step {step} in {out} ({e.strerror or e}); "
-                + (f"the last good checkpoint is kept: {kept}; " if kept else "no checkpoint was kept; ")
-                + "free space and run the same command again to resume"
+                f"{_kept(out)}; free space and run the same command again"
+            ) from e
+        try:
+            atomic_write_text(out / METRICS, _rows_text(self.history))
+        except OSError as e:
+            raise OutputError(
+                f"{self.description}: the checkpoint of step {step} is written ({out / CHECKPOINT}) but {METRICS} "
+                f"could not be ({e.strerror or e}); free space and run the same command again: it rewrites {METRICS} "
+                "from the checkpoint's history"
             ) from e
 
     def finish(self, t0: float) -> TrainResult:
@@ -515,32 +627,151 @@ def _checked_masks(model: nn.Module, cfg: TrainConfig) -> dict[nn.Parameter, Ten
     return out
 
 
-def _load_checkpoint(out: Path, device: torch.device) -> dict[str, Any] | None:
-    """The newest checkpoint in ``out`` that verifies: ``checkpoint.pt``, else ``checkpoint.prev.pt``, else None.
+def _load_checkpoint(
+    out: Path, device: torch.device, config: dict[str, Any], problem: Callable[[dict[str, Any]], str | None]
+) -> dict[str, Any] | None:
+    """The newest checkpoint of this run in ``out``: of ``checkpoint.pt``, ``checkpoint.new.pt`` (a rotation cut
+    short) and ``checkpoint.prev.pt``, the one of the highest step that was written under ``config`` and verifies.
+    ``checkpoint.prev.pt`` is read only when neither of the others is good: the rotation (:meth:`_Run.save`) never
+    leaves it newer than a ``checkpoint.pt`` or ``checkpoint.new.pt`` beside it.
 
-    A damaged file (torn, failing its checksum, or a pickle asking for code) is moved aside to ``<name>.corrupt``
-    with one warning line naming it; nothing in it is executed."""
-    for name in (CHECKPOINT, PREVIOUS):
+    A damaged file is set aside (:func:`~iclab.core.io.quarantine`, numbered names) with one warning line naming it
+    and saying what the run does instead: torn, failing its checksum, a pickle asking for code (nothing in it is
+    executed), or one that ``problem`` refuses (:func:`_checkpoint_problem`: tensors not the model's, a step out of
+    range, a non-finite state). A checkpoint of another config is left alone: this run starts afresh over it."""
+    best: tuple[str, dict[str, Any]] | None = None
+    damaged: list[tuple[CorruptFileError, Path]] = []
+    for name in CANDIDATES:
         path = out / name
-        if not path.is_file():
+        if not path.is_file() or (name == PREVIOUS and best is not None):
             continue
         try:
             ck = safe_torch_load(path, map_location=device)
             if not isinstance(ck, dict) or not {"config", "model", "optimizer", "step"} <= ck.keys():
                 raise CorruptFileError(path, "not an iclab checkpoint")
-            return ck
+            if ck["config"] != config:
+                continue
+            why = problem(ck)
+            if why is not None:
+                raise CorruptFileError(path, why)
         except CorruptFileError as e:
-            dest = quarantine(path)
-            then = "falling back to the previous checkpoint" if name == CHECKPOINT else "restarting this training run"
-            log.warning("damaged checkpoint %s; moved to %s, %s", e, dest.name, then)
+            damaged.append((e, quarantine(path)))
+            continue
+        if best is None or ck["step"] > best[1]["step"]:
+            best = (name, ck)
+    then = f"falling back to {best[0]} (step {best[1]['step']})" if best else "restarting this training run"
+    for err, dest in damaged:
+        log.warning("damaged checkpoint %s; moved to %s, %s", err, dest.name, then)
+    return best[1] if best else None
+
+
+def _checkpoint_problem(ck: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> str | None:
+    """Why a checkpoint that loads cannot be resumed by ``model`` and ``opt``, or None: its step not an int in
+    [0, ``steps``] (``steps`` when finished), its tensors not the model's (names, shapes, dtypes), its optimiser state
+    not ``opt``'s, its history or snapshots malformed, or a non-finite tensor in the model or the optimiser state."""
+    step = ck["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= steps:
+        return f"its step {step!r} is not an int in [0, {steps}]"
+    if ck.get("finished") and step != steps:
+        return f"it says finished at step {step} of {steps}"
+    skipped = ck.get("skipped", 0)
+    if not isinstance(skipped, int) or isinstance(skipped, bool) or not 0 <= skipped <= step:
+        return f"its skipped-step count {skipped!r} is not an int in [0, {step}]"
+    want, got = model.state_dict(), ck["model"]
+    if not isinstance(got, dict) or set(got) != set(want):
+        names = sorted(set(got) ^ set(want)) if isinstance(got, dict) else []
+        return f"its tensors are not the model's ({', '.join(map(str, names[:4])) or type(got).__name__})"
+    for key, w in want.items():
+        g = got[key]
+        if not isinstance(g, Tensor) or g.shape != w.shape or g.dtype != w.dtype:
+            seen = f"{tuple(g.shape)} {g.dtype}" if isinstance(g, Tensor) else type(g).__name__
+            return f"its tensor {key!r} is {seen}; the model's is {tuple(w.shape)} {w.dtype}"
+    why = _optimizer_problem(ck["optimizer"], opt)
+    if why is not None:
+        return why
+    history, snaps, snap_steps = ck.get("history"), ck.get("snapshots"), ck.get("snapshot_steps")
+    if not isinstance(history, list) or not all(isinstance(r, dict) for r in history):
+        return "its history is not a list of rows"
+    if not isinstance(snap_steps, list) or not isinstance(snaps, dict):
+        return "its snapshots are malformed"
+    if any(not isinstance(v, Tensor) or v.ndim == 0 or len(v) != len(snap_steps) for v in snaps.values()):
+        return "its snapshots do not match their steps"
+    if not _all_finite(list(got.values()) + _state_tensors(ck["optimizer"]["state"])):
+        return "it holds non-finite values (a diverged state)"
     return None
+
+
+def _optimizer_problem(sd: object, opt: torch.optim.Optimizer) -> str | None:
+    """Why ``sd`` is not a state of ``opt`` (its groups, and each state tensor's shape and dtype), or None."""
+    if (
+        not isinstance(sd, dict)
+        or not isinstance(sd.get("state"), dict)
+        or not isinstance(sd.get("param_groups"), list)
+    ):
+        return "its optimiser state is not one"
+    groups = opt.param_groups
+    theirs = sd["param_groups"]
+    if len(theirs) != len(groups) or any(
+        not isinstance(g, dict) or not isinstance(g.get("params"), list) or len(g["params"]) != len(h["params"])
+        for g, h in zip(theirs, groups, strict=False)
+    ):
+        return "its optimiser groups are not the model's parameters"
+    params = [p for h in groups for p in h["params"]]
+    index = {i: p for g, h in zip(theirs, groups, strict=True) for i, p in zip(g["params"], h["params"], strict=True)}
+    flat = (sum(p.numel() for p in params),)  # L-BFGS keeps flat vectors of all parameters
+    for key, state in sd["state"].items():
+        p = index.get(key)
+        if p is None or not isinstance(state, dict):
+            return f"its optimiser state names no parameter ({key!r})"
+        shape = flat if isinstance(opt, torch.optim.LBFGS) else p.shape
+        for name, t in ((n, t) for n, v in state.items() for t in (v if isinstance(v, list | tuple) else [v])):
+            if isinstance(t, Tensor) and t.ndim > 0 and (t.shape != shape or t.dtype != p.dtype):
+                return f"its optimiser state {name!r} is {tuple(t.shape)} {t.dtype}; want {tuple(shape)} {p.dtype}"
+    return None
+
+
+def _state_tensors(state: dict[Any, Any]) -> list[Tensor]:
+    """The tensors of an optimiser's ``state_dict()['state']`` (L-BFGS keeps some in lists)."""
+    out: list[Tensor] = []
+    for st in state.values():
+        for v in st.values() if isinstance(st, dict) else ():
+            out.extend(t for t in (v if isinstance(v, list | tuple) else [v]) if isinstance(t, Tensor))
+    return out
 
 
 def _step_of(path: Path) -> object:
     try:
-        return safe_torch_load(path).get("step", "?")
+        ck = safe_torch_load(path)
     except CorruptFileError:
         return "unreadable"
+    return ck.get("step", "?") if isinstance(ck, dict) else "?"
+
+
+def _kept(out: Path | None) -> str:
+    """What a failed write or a divergence leaves on disk to resume from: the checkpoints by step, newest first."""
+    found = []
+    for name in CANDIDATES if out is not None else ():
+        assert out is not None
+        step = _step_of(out / name) if (out / name).is_file() else None
+        if isinstance(step, int):
+            found.append((step, out / name))
+    if not found:
+        return "no checkpoint is kept: the same command restarts this training run"
+    found.sort(key=lambda f: -f[0])
+    others = "".join(f", and {path} (step {step})" for step, path in found[1:])
+    newest = found[0][0]
+    return f"the last good checkpoint is kept: {found[0][1]} (step {newest}){others}; the same command resumes from step {newest}"
+
+
+def _first_nonfinite_loss(losses: list[Tensor], in_place: bool | None = None) -> int | None:
+    """The index of the first non-finite scalar of ``losses``, or None. On a GPU (``in_place`` False) in one host sync
+    (a stack); CPU scalars (``in_place`` None: by their device) are read in place, cheaper than a stack
+    (benchmarks/bench_finite_check.py)."""
+    if in_place if in_place is not None else losses[0].device.type == "cpu":
+        finite = [math.isfinite(v.item()) for v in losses]
+    else:
+        finite = torch.isfinite(torch.stack(losses)).tolist()
+    return None if all(finite) else finite.index(False)
 
 
 def _first_nonfinite(model: nn.Module) -> str | None:
@@ -551,25 +782,13 @@ def _first_nonfinite(model: nn.Module) -> str | None:
 
 
 def _divergence(
-    description: str,
-    step: int,
-    row: dict[str, float],
-    param: str | None,
-    history: list[dict[str, float]],
-    out: Path | None,
+    description: str, step: int, what: str, last: tuple[int, float] | None, out: Path | None
 ) -> DivergenceError:
-    last = next((r for r in reversed(history) if math.isfinite(r.get("train_loss", math.nan))), None)
-    where = f"parameter {param!r} became non-finite" if param is not None else "non-finite loss"
-    kept = ""
-    if out is not None and (out / CHECKPOINT).is_file():
-        kept = f"; the last good checkpoint is kept ({out / CHECKPOINT}, step {_step_of(out / CHECKPOINT)})"
-    last_text = (
-        f"last finite train loss {last['train_loss']:.6g} at step {int(last['step'])}" if last else "no finite loss"
-    )
-    return DivergenceError(
-        f"{description}: {where} at step {step} (train loss {row.get('train_loss')}, {last_text}){kept}; "
-        "lower lr or enable clip"
-    )
+    """The DivergenceError of ``what`` (a non-finite loss, parameter or optimiser state) at ``step``: the newest
+    finite train loss, the checkpoints kept (:func:`_kept`; none is ever a diverged state) and what to change."""
+    last_text = f"last finite train loss {last[1]:.6g} at step {last[0]}" if last else "no finite loss"
+    kept = f"; {_kept(out)}" if out is not None else ""
+    return DivergenceError(f"{description}: {what} at step {step} ({last_text}){kept}; lower lr or enable clip")
 
 
 def _depth(model: nn.Module) -> int:
@@ -609,6 +828,22 @@ def _stack(snaps: dict[str, list[Tensor]]) -> dict[str, Tensor]:
 
 
 def load_history(out_dir: str | Path) -> list[dict[str, Any]]:
-    """Rows of a run's ``metrics.jsonl``."""
+    """Rows of a run's ``metrics.jsonl``; a damaged file raises ``CorruptFileError`` naming it."""
     path = Path(out_dir) / METRICS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        return [load_json_text(line, what=METRICS) for line in path.read_text().splitlines() if line.strip()]
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptFileError(path, f"not JSON lines ({e})") from e
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]] | None:
+    """The rows of a ``metrics.jsonl``, or None when it is missing or damaged."""
+    try:
+        rows = load_history(path.parent)
+    except (OSError, CorruptFileError):
+        return None
+    return rows if all(isinstance(r, dict) for r in rows) else None
+
+
+def _rows_text(history: list[dict[str, float]]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in history)

@@ -83,6 +83,11 @@ class LinearSetup:
 
     def __post_init__(self) -> None:
         require_ints(self, "seeds", "d", "n", "n_layers")
+        # d and the spectrum must agree (Σ = UᵀDU is d × d): d = 100000 beside a 5-entry spectrum would train d = 5
+        require(self, "spectrum", len(self.spectrum) == self.d, f"{self.d} floats, one per dimension (d = {self.d})")
+        unset = TrainConfig().checkpoint_every  # training_run checkpoints every train.steps / 10 itself
+        require(self, "train.checkpoint_every", self.train.checkpoint_every == unset,
+                f"left at {unset}: these cards checkpoint every train.steps / 10", self.train.checkpoint_every)  # fmt: skip
 
 
 def require_ints(owner: Any, *names: str) -> None:

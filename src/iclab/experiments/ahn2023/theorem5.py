@@ -101,6 +101,8 @@ def claims(results: Theorem5Results, cfg: Theorem5Config) -> list[ClaimResult]:
             expected=results.theory_loss,
             rtol=cfg.tol.loss_rtol,
             detail="MC loss of Q_0 = −2n/(n+2d+3)[[I,0],[0,0]] vs d(2d+3)/(n+2d+3)",
+            paper=results.theory_loss,
+            where="Ahn et al. 2023, Theorem 5: d(2d+3)/(n+2d+3)",
             smoke="2000 Monte-Carlo prompts: the sampling error (3.5% here) exceeds the 1% tolerance",
         ),
         check(
@@ -109,6 +111,8 @@ def claims(results: Theorem5Results, cfg: Theorem5Config) -> list[ClaimResult]:
             expected=1.0,
             atol=cfg.tol.best_scale_atol,
             detail="grid point with the lowest MC loss (common random numbers)",
+            paper=1.0,
+            where="Ahn et al. 2023, Theorem 5: the optimum at c⋆ = 2n/(n+2d+3)",
         ),
         check(
             "relu_worse_than_linear",

@@ -89,6 +89,9 @@ class GPSetup:
         require(self, "spectrum", len(self.spectrum) == self.d, f"{self.d} (= d) floats")
         require(self, "exp_sigma", self.exp_sigma > 0, "a float > 0")
         require(self, "exp_lr", self.exp_lr is None or self.exp_lr > 0, "null or a float > 0")
+        unset = TrainConfig().checkpoint_every  # training runs checkpoint every train.steps / 5 themselves
+        require(self, "train.checkpoint_every", self.train.checkpoint_every == unset,
+                f"left at {unset}: these cards checkpoint every train.steps / 5", self.train.checkpoint_every)  # fmt: skip
 
 
 def require_names(owner: object, name: str, values: Sequence[object], allowed: Sequence[object]) -> None:

@@ -127,6 +127,9 @@ class BilinearSetup:
         require_int(self, "test_batch", self.test_batch, 2, "Monte-Carlo prompts per test length")
         require_int(self, "subnet_batch", self.subnet_batch, 1)
         require_int(self, "d_bar", self.d_bar, 1)
+        unset = TrainConfig().checkpoint_every  # the cards checkpoint every train.steps / 10 themselves
+        require(self, "train.checkpoint_every", self.train.checkpoint_every == unset,
+                f"left at {unset}: these cards checkpoint every train.steps / 10", self.train.checkpoint_every)  # fmt: skip
         for d in self._model_ds():
             low = self._min_d_bar(d)
             require(

@@ -144,6 +144,8 @@ def _paper_value(results: SweepLResults, tol: SweepLTolerances) -> list[ClaimRes
             expected=tol.gd_acc_expected,
             atol=tol.gd_acc_tol,
             detail=f"GD acc at L = {results.L[0]}, runs {[round(r.acc, 4) for r in runs]} (the authors' notebook)",
+            paper=tol.gd_acc_expected,
+            where=f"Wang et al. 2025, Fig. 4, GD at L = {results.L[0]} (the authors' notebook)",
         )
     ]
 

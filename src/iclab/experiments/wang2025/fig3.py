@@ -109,6 +109,8 @@ def claims(results: DepthResults, cfg: DepthConfig) -> list[ClaimResult]:
                 acc[2] - acc[1],
                 lo=tol.depth_gain_min,
                 detail="acc(2) − acc(1); paper +0.016 (Fig. 3)",
+                paper=0.016,
+                where="Wang et al. 2025, Fig. 3 (the authors' notebook)",
             ),
             check(
                 "gd_two_block_accuracy_matches_paper",
@@ -116,6 +118,8 @@ def claims(results: DepthResults, cfg: DepthConfig) -> list[ClaimResult]:
                 expected=tol.gd_acc_expected,
                 atol=tol.gd_acc_tol,
                 detail="paper 0.7177 ± 0.0023 at L = 2048 (the authors' notebook, Fig. 3)",
+                paper=0.7177,
+                where="Wang et al. 2025, Fig. 3, L = 2048 (the authors' notebook)",
                 smoke="4 updates on 64 contexts: the 2-block model is far from trained",
             ),
         ]

@@ -247,6 +247,8 @@ def _count_claims(results: LanguageResults, cfg: LanguageConfig) -> list[ClaimRe
             expected=8192,
             atol=0,
             detail=f"GD W_q ≡ W_k diagonals: {pc['gd']['qkv']} numbers, reported ×2",
+            paper=8192,
+            where="Wang et al. 2025, Fig. 5 caption (8K attention parameters)",
         ),
         check(
             "attention_param_ratio_0.13pct",
@@ -254,6 +256,8 @@ def _count_claims(results: LanguageResults, cfg: LanguageConfig) -> list[ClaimRe
             expected=8192 / 6291456,
             rtol=1e-12,
             detail="8,192 vs 6,291,456 (3·H·d'²), d' = 512, H = 8",
+            paper="0.13% (8K vs 6M)",
+            where="Wang et al. 2025, Fig. 5 caption",
         ),
         check(
             "module_counts_match_spec",

@@ -1,5 +1,7 @@
 """The run shared by Figs 1 and 9: ATTN_M (eq. M) and the two-layer linear MLP on the cubic feature z = vec(βx_qᵀ)
-(eq. 6-7), trained by full-batch GD on the same P sequences from the same (mapped) init."""
+(eq. 6-7), trained by full-batch GD on the same P sequences from the same (mapped) init. With
+``dynamics='all_blocks'`` ATTN_M trains every block (u_i and the vector v_i start at zero and move, App. G) while
+the MLP stays the reduced model on z."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from torch import Tensor
 
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import RunContext
-from iclab.experiments.zhang2025._setup import F64, Setup, covariance, finite, full_batch, sgd
+from iclab.experiments.zhang2025._setup import F64, Setup, covariance, finite, full_batch, odd_moment_ratio, sgd
 from iclab.models.reduced_attention import MergedAttention
 from iclab.tasks.linear_regression import LinearRegression
 from iclab.theory import attention_dynamics as ad
@@ -42,14 +44,21 @@ class MergedResults:
     v: Tensor  # (T, H)
     U: Tensor  # (T, H, d, d)
     mlp_W1: Tensor  # (T, H, d²)
+    blocks: dict[str, Tensor] = field(default_factory=dict)  # dynamics='all_blocks': u (T, H, d), v_vec (T, H, d)
+    odd_ratio: float = 0.0  # ε of the training set (:func:`odd_moment_ratio`), 0 for the reduced route
 
 
 def run_merged(cfg: MergedSetup, ctx: RunContext) -> MergedResults:
     """ATTN_M and the MLP on z = vec(βx_qᵀ), full-batch GD on the same data from the same (mapped) init."""
     Lam = covariance(cfg)
-    spec = ModelSpec(MergedAttention, kwargs=dict(d=cfg.d, n_heads=cfg.n_heads, w_init=cfg.w_init), dtype="float64")
-    init_model = cast(MergedAttention, spec.build(generator(derive_seed(0, *INIT_KEY))))
+    kw = dict(d=cfg.d, n_heads=cfg.n_heads, w_init=cfg.w_init)
+    init_model = cast(
+        MergedAttention,
+        ModelSpec(MergedAttention, kwargs=kw, dtype="float64").build(generator(derive_seed(0, *INIT_KEY))),
+    )
     mlp = init_model.mlp()  # w_2 = v, W_1[i] = vec(U_i)ᵀ (eq. 6-7)
+    # all blocks: the same draws of v, U (the blocks come after them, at zero)
+    spec = ModelSpec(MergedAttention, kwargs=kw | (dict(all_blocks=True) if cfg.all_blocks else {}), dtype="float64")
     task = LinearRegression(d=cfg.d, covariance=Lam)
     ep = task.sample(cfg.train_size, cfg.n, generator=generator(derive_seed(0, "train", "merged")), dtype=F64)
     train = full_batch(cfg.train, cfg.train_size)
@@ -72,6 +81,8 @@ def run_merged(cfg: MergedSetup, ctx: RunContext) -> MergedResults:
         v=tr.params["v"],
         U=tr.params["U"],
         mlp_W1=tr_mlp.params["W1"],
+        blocks={k: tr.params[k] for k in ("u", "v_vec") if k in tr.params},
+        odd_ratio=odd_moment_ratio(ep) if cfg.all_blocks else 0.0,
     )
 
 

@@ -15,11 +15,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
 
+from iclab.core.config import added_setting
+from iclab.core.episode import Episode
+from iclab.core.errors import require
 from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import RunContext
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
@@ -31,6 +34,7 @@ F64 = torch.float64
 PAPER_SPECTRUM = (0.4, 0.3, 0.2, 0.1)  # Figs 1, 3, 5, 6, 8, 11 (the official notebook)
 INV_D8 = tuple(1.0 / d for d in range(1, 9))  # Figs 4, 12: λ_d ∝ 1/d (normalised to trace 1)
 Regime = Literal["population", "full_batch"]
+DYNAMICS = ("reduced", "all_blocks")
 
 
 def sgd(*, lr: float, steps: int, eval_every: int = 10) -> TrainConfig:
@@ -55,6 +59,27 @@ class Setup:
     train_size: int = 80_000  # P sequences per seed (full_batch only): the data the card samples
     chunk: int = 5000  # population flow runs in chunks and stops early once every seed sits at L(M_D)
     train: TrainConfig = field(default_factory=lambda: sgd(lr=0.2, steps=10_001))
+    # 'all_blocks': every weight of the one-layer attention trains (the zero blocks of Sec. 2.3-2.4 start at zero
+    # and move, App. G) by full-batch GD on the ``train_size`` sequences of each seed, whatever ``regime`` says:
+    # in the population limit the blocks stay at zero and the route is the reduced one
+    dynamics: Literal["reduced", "all_blocks"] = added_setting("reduced")
+    #: the cards whose claims are stated for dynamics='all_blocks' (Figs 1 and 3)
+    all_blocks_claims: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        # d and the spectrum of Λ must agree (Λ is d × d): a longer d would silently train at len(spectrum)
+        require(self, "spectrum", len(self.spectrum) == self.d, f"{self.d} floats, one per dimension (d = {self.d})")
+        require(self, "dynamics", self.dynamics in DYNAMICS, f"one of {DYNAMICS}")
+        require(
+            self,
+            "dynamics",
+            self.dynamics == "reduced" or self.all_blocks_claims,
+            "'reduced' for this card ('all_blocks' is a setting of zhang2025.fig1 and zhang2025.fig3)",
+        )
+
+    @property
+    def all_blocks(self) -> bool:
+        return self.dynamics == "all_blocks"
 
 
 def full_batch(train: TrainConfig, P: int) -> TrainConfig:
@@ -104,8 +129,39 @@ def join(parts: list[Trajectory]) -> Curves:
 
 
 def reduced_spec(cls: type[nn.Module], cfg: Setup, **kwargs: Any) -> ModelSpec:
-    """A batched reduced model (``MergedAttention``/``SeparateAttention``) in float64, ``cfg.seeds`` seeds."""
-    return ModelSpec(cls, kwargs=dict(d=cfg.d, n_seeds=cfg.seeds, **kwargs), dtype="float64")
+    """A batched reduced model (``MergedAttention``/``SeparateAttention``) in float64, ``cfg.seeds`` seeds; with
+    ``dynamics='all_blocks'`` the same model with its zero blocks as parameters (same init draws, blocks at 0)."""
+    extra = dict(all_blocks=True) if cfg.all_blocks else {}
+    return ModelSpec(cls, kwargs=dict(d=cfg.d, n_seeds=cfg.seeds, **kwargs, **extra), dtype="float64")
+
+
+def training_sets(cfg: Setup, Lambda: Tensor, tag: str, seeds: int) -> list[Episode]:
+    """The fixed training set of each seed: P = ``cfg.train_size`` sequences, seed s from
+    ``derive_seed(s, "train", tag)``."""
+    task = LinearRegression(d=cfg.d, covariance=Lambda)
+    return [
+        task.sample(cfg.train_size, cfg.n, generator=generator(derive_seed(s, "train", tag)), dtype=F64)
+        for s in range(seeds)
+    ]
+
+
+def odd_moment_ratio(episode: Episode) -> float:
+    """ε = ‖E_P(y_q f)‖ on the zero-block coordinates / ‖E_P(y_q f)‖ on the reduced ones, f = x_q ⊗ vec(s) the
+    all-blocks feature (:func:`~iclab.models.reduced_attention.all_blocks_statistic`).
+
+    On the zero-block coordinates E(y_q f) is odd in w (y_q (Λ̂ + x_q x_qᵀ/N) x_q, y_q (1/N Σ y_n²) x_q), so it is 0
+    in the population and the blocks stay at zero (App. D.1, F.1); on P sequences it is O(1/√P). It is the rate
+    at which the blocks grow from zero relative to the reduced weights while the loss sits at L(M_0) (residual
+    ≈ y_q): the first-order size of what the finite set adds to the reduced dynamics."""
+    from iclab.models.reduced_attention import all_blocks_statistic, cubic_feature
+
+    assert episode.y_query is not None
+    d = episode.d
+    f = cubic_feature(all_blocks_statistic(episode), episode.x_query)  # (P, d·D²), index a·D² + c·D + b
+    c = (f.T @ episode.y_query / f.shape[0]).reshape(d, d + 1, d + 1)
+    reduced = torch.zeros(d + 1, d + 1, dtype=torch.bool)
+    reduced[:d, d] = reduced[d, :d] = True  # s_cD = s_Dc = β_c
+    return float(c[:, ~reduced].norm() / c[:, reduced].norm())
 
 
 def train_batched(
@@ -126,10 +182,10 @@ def train_batched(
     loss of the iterates (L(W) with 1/N, or E(1/N) for ``next_token``).
 
     ``population``: one :class:`TrainingRun` per chunk of ``cfg.chunk`` steps, each continuing the previous
-    chunk's module, stopping once every seed is within 1e-9 of ``stop_at``. ``full_batch``: one run on S
-    training sets of P sequences, seed s drawn from ``derive_seed(s, "train", tag)``.
+    chunk's module, stopping once every seed is within 1e-9 of ``stop_at``. ``full_batch`` (and every
+    ``dynamics='all_blocks'`` run): one run on S training sets of P sequences (:func:`training_sets`).
     """
-    if cfg.regime == "population":
+    if cfg.regime == "population" and not cfg.all_blocks:
         inv_n = ad.expected_inv_n(cfg.n) if next_token else 1.0 / cfg.n
         parts: list[Trajectory] = []
         done = 0
@@ -152,13 +208,8 @@ def train_batched(
             if stop_at is not None and float((parts[-1].loss[:, -1] - stop_at).abs().max()) < 1e-9:
                 break
         return join(parts)
-    task = LinearRegression(d=cfg.d, covariance=Lambda)
     n_seeds: Any = model.kwargs.get("n_seeds") if isinstance(model, ModelSpec) else model.n_seeds
-    S = n_seeds or 1
-    eps = [
-        task.sample(cfg.train_size, cfg.n, generator=generator(derive_seed(s, "train", tag)), dtype=F64)
-        for s in range(S)
-    ]
+    eps = training_sets(cfg, Lambda, tag, n_seeds or 1)
     run = TrainingRun(
         name=name,
         model=model,

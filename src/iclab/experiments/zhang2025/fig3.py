@@ -25,22 +25,50 @@ Time on 2 CPU cores: quick 9-23 s; paper (full-batch GD on P = 80 000, 60 001 st
 What did not match: the ODE (21) holds for the last drop only; during the first drops several heads grow along the
 same eigenvector, so the leading head rises 5-20 % slower (worst 2.9× at 10→90 %): the median over heads is checked
 at 10 % (docs/papers/zhang2025.md).
+
+``dynamics=all_blocks`` (``iclab run zhang2025.fig3 --preset quick dynamics=all_blocks``): every block trains by
+full-batch GD on the ``train_size`` sequences of each seed (the scalar keys and the vector v_i start at zero and
+move, App. G), whatever ``regime`` says (in the population limit they stay at zero). The claims that change:
+
+- conservation_law_eq83 becomes conservation_law_full_blocks: ‖k̃_i‖² − ‖q_i‖², ‖k̃_i‖² − ‖ṽ_i‖² with the scalar key
+  in k̃_i and the vector v_i in ṽ_i (eq. 83's law on the full weights) drift <= 1e-3 of max v_i².
+- keys_align_with_eigenvectors >= 0.95 − ε and value_weights_reach_eq20a <= 0.02 + ε, ε the largest over seeds of
+  the set's odd-in-w moments relative to the even ones
+  (:func:`~iclab.experiments.zhang2025._setup.odd_moment_ratio`): the blocks that ε drives share the work of k_i
+  and v_i at first order in ε.
+- plateau_levels_eq19 and final_loss_is_L_MD at the finite-P tolerance 0.01 at least (the population loss of
+  weights fitted to P sequences).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from iclab.experiments.registry import ClaimResult, card, check
-from iclab.experiments.zhang2025._setup import F64, Curves, Setup, finite, loss_panel, sgd
+from iclab.experiments.registry import ClaimResult, RunContext, card, check
+from iclab.experiments.zhang2025._setup import (
+    F64,
+    Curves,
+    Setup,
+    covariance,
+    finite,
+    loss_panel,
+    odd_moment_ratio,
+    reduced_spec,
+    sgd,
+    train_batched,
+    training_sets,
+)
 from iclab.experiments.zhang2025._staircase import (
     POPULATION,
     SMOKE_STAIRS,
+    RankRun,
     StaircaseConfig,
     StaircaseResults,
     StaircaseTolerances,
@@ -48,6 +76,7 @@ from iclab.experiments.zhang2025._staircase import (
     run_staircase,
     staircase_stats,
 )
+from iclab.models.reduced_attention import SeparateAttention
 from iclab.plotting import heatmap, save, subplots
 from iclab.theory import attention_dynamics as ad
 from iclab.training import TrainConfig
@@ -59,6 +88,7 @@ class Fig3Tolerances(StaircaseTolerances):
     value_rtol: float = 0.02  # |v_i| → (λ_i/a_i)^{1/3} (eq. 20a)
     rise_rtol: float = 0.05  # 10→90 % rise time of v_i vs the ODE (21)
     conservation_hi: float = 1e-3  # drift of ‖k_i‖² − ‖q_i‖², ‖k_i‖² − v_i² relative to max v_i²
+    finite_atol: float = 0.01  # dynamics='all_blocks': plateau levels and final loss at least this loose (finite P)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +99,28 @@ class Fig3Config(StaircaseConfig):
     # the paper gives no step count; at 20 001 steps (8000 τ) one of six seeds still sits on the third plateau
     train: TrainConfig = field(default_factory=lambda: sgd(lr=0.2, steps=60_001))
     tol: Fig3Tolerances = field(default_factory=Fig3Tolerances)
+    all_blocks_claims: ClassVar[bool] = True
+
+
+@dataclass
+class Fig3Results(StaircaseResults):
+    """With ``dynamics='all_blocks'``: ε of each seed's training set (:func:`odd_moment_ratio`)."""
+
+    odd_ratio: list[float] = field(default_factory=list)
+
+
+def run(cfg: Fig3Config, ctx: RunContext) -> StaircaseResults:
+    """The reduced staircase run, or with ``dynamics='all_blocks'`` the same rank-one ATTN_S with every block
+    trained on each seed's P sequences (v, k, q and the blocks k_scalar, v_vec kept)."""
+    if not cfg.all_blocks:
+        return run_staircase(cfg, ctx)
+    Lam = covariance(cfg)
+    levels = ad.plateau_losses(Lam, 1 / cfg.n)
+    spec = reduced_spec(SeparateAttention, cfg, n_heads=cfg.n_heads, rank=1, w_init=cfg.w_init)
+    r = train_batched(ctx, cfg, spec, Lam, name="R1", tag="R1", train=cfg.train, init_key=("init", "separate", 1))
+    eps = [odd_moment_ratio(ep) for ep in training_sets(cfg, Lam, "R1", cfg.seeds)]
+    run1 = RankRun(R=1, time=r.time, loss=r.loss, train_loss=r.train_loss, params=r.params)
+    return Fig3Results(Lambda=Lam, levels=levels, runs=[run1], odd_ratio=eps)
 
 
 @dataclass
@@ -139,10 +191,44 @@ def plot(results: StaircaseResults, cfg: Fig3Config, out: Path) -> list[Path]:
     return [f_ab, save(fig, out / "fig3c.png")]
 
 
+def _conservation(run: Curves, cfg: Fig3Config) -> ClaimResult:
+    """Eq. (83)'s law: in the reduced variables, or with ``dynamics='all_blocks'`` on the full weights."""
+    p = run.params
+    model = SeparateAttention(cfg.d, cfg.n_heads, w_init=0.0, all_blocks=cfg.all_blocks)
+    cons = model.conserved_quantities({k: p[k] for k in model.names})  # (S, T, H, 1), (S, T, H)
+    kq, kv = cons["key_query"], cons["key_value"]
+    scale = float(p["v"].pow(2).max())
+    drift = max(float((kq - kq[:, :1]).abs().max()), float((kv - kv[:, :1]).abs().max())) / scale
+    if cfg.all_blocks:
+        return check(
+            "conservation_law_full_blocks",
+            drift,
+            hi=cfg.tol.conservation_hi,
+            detail="max |Q(t) − Q(0)| / max v_i² for Q = ‖k̃_i‖² − ‖q_i‖², ‖k̃_i‖² − ‖ṽ_i‖², k̃_i = [k_i; scalar "
+            "key], ṽ_i = [vector v_i, v_i]: eq. (83) on the full weights (ŷ_q is unchanged by k̃ → αk̃, q → q/α "
+            "and by k̃ → k̃/α, ṽ → αṽ), conserved by gradient flow; the reduced pair drifts as the blocks grow",
+            smoke="lr 0.5 for 200 steps: the Euler drift is of the order of the still tiny max v_i²",
+        )
+    return check(
+        "conservation_law_eq83",
+        drift,
+        hi=cfg.tol.conservation_hi,
+        detail="max |Q(t) − Q(0)| / max v_i² for Q = ‖k_i‖² − ‖q_i‖², ‖k_i‖² − v_i²",
+        smoke="lr 0.5 for 200 steps: the Euler drift is 3e-3 of the still tiny max v_i²",
+    )
+
+
 def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
     Lam, tol = results.Lambda, cfg.tol
     run = results.runs[0]
     D, S = cfg.d, run.loss.shape[0]
+    eps, why = 0.0, ""
+    if cfg.all_blocks:  # finite P: the population loss of fitted weights; the blocks share k_i's and v_i's work
+        eps = max(getattr(results, "odd_ratio", None) or [0.0])
+        why = f" (all blocks on P = {cfg.train_size}: + ε = {eps:.3g}, the set's odd-in-w moments, first order)"
+        loose = dict(level_atol=tol.finite_atol, slope_tol=1e-4, final_atol=tol.finite_atol)
+        tol = dataclasses.replace(tol, **{k: max(getattr(tol, k), v) for k, v in loose.items()})
+        cfg = dataclasses.replace(cfg, tol=tol)
     out = claims_staircase(results, cfg)
     ordered, aligns, v_err, rise_err, rise_last = 0, [], [], [], []
     for s in range(S):
@@ -156,10 +242,6 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
                 if e.eig == D - 1:
                     rise = ad.value_rise_time(e.lam, e.a, 0.25, 0.9)
                     rise_last.append(abs((e.t90 - e.t25) / rise - 1))
-    p = run.params
-    kq, kv = ad.separate_conservation(p["v"], p["k"], p["q"])  # (S, T, H, 1), (S, T, H)
-    scale = float(p["v"].pow(2).max())
-    drift = max(float((kq - kq[:, :1]).abs().max()), float((kv - kv[:, :1]).abs().max())) / scale
     drops = staircase_stats(run, Lam, cfg).drops
     sd = torch.nan_to_num(drops, nan=float(run.time[-1])).std(0)
     out += [
@@ -173,15 +255,15 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
         check(
             "keys_align_with_eigenvectors",
             min(aligns) if aligns else 0.0,
-            lo=tol.align_lo,
-            detail="min over learned heads of |cos(k_i, e_m)| at the end (Fig. 3c)",
+            lo=tol.align_lo - eps,
+            detail="min over learned heads of |cos(k_i, e_m)| at the end (Fig. 3c)" + why,
             smoke="200 steps: no head has grown, so no key is measured (0)",
         ),
         check(
             "value_weights_reach_eq20a",
             max(v_err) if v_err else 1e9,
-            hi=tol.value_rtol,
-            detail="max |v_i / (λ_m/a_m)^{1/3} − 1| at the end",
+            hi=tol.value_rtol + eps,
+            detail="max |v_i / (λ_m/a_m)^{1/3} − 1| at the end" + why,
             smoke="200 steps: no value weight has grown yet",
         ),
         check(
@@ -200,13 +282,7 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
             "slower than the ODE while other heads still share the direction (the ansatz (20) sets them to 0)",
             smoke="200 steps: no value weight has risen yet",
         ),
-        check(
-            "conservation_law_eq83",
-            drift,
-            hi=tol.conservation_hi,
-            detail="max |Q(t) − Q(0)| / max v_i² for Q = ‖k_i‖² − ‖q_i‖², ‖k_i‖² − v_i²",
-            smoke="lr 0.5 for 200 steps: the Euler drift is 3e-3 of the still tiny max v_i²",
-        ),
+        _conservation(run, cfg),
         check(
             "later_drops_vary_more",
             float(sd[-1] / sd[0].clamp_min(1e-12)),
@@ -218,7 +294,6 @@ def claims(results: StaircaseResults, cfg: Fig3Config) -> list[ClaimResult]:
     return out
 
 
-run = run_staircase
 CARD = card(
     Fig3Config,
     "Fig. 3: ATTN_S rank one learns the eigenvectors of Λ one at a time: D drops at the eq. (19) levels",

@@ -165,6 +165,8 @@ def claims(results: Fig6Results, cfg: Fig6Config) -> list[ClaimResult]:
             expected=1.0,
             rtol=tol.scaling_rtol,
             detail=f"slope of t_drop vs ln(1/w_init) over w ≤ {cfg.small_init} times ‖Λ²‖_F (eq. 54: 1)",
+            paper=1.0,
+            where="Zhang et al. 2025, eq. (54)",
             smoke="100 ATTN_M steps: the small inits have not dropped, no drop times to fit",
         ),
         check(

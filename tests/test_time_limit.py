@@ -1,0 +1,223 @@
+"""Long runs in pieces: a run asked to stop (``--time-limit``, SIGTERM, SIGUSR1, SIGINT) checkpoints at its next
+step boundary, the command exits 75 (130 after Ctrl-C), and the same call continues bit for bit."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from iclab import ConfigError
+from iclab.cli import app
+from iclab.core.seeding import generator
+from iclab.experiments.runner import progress_text, run_experiment
+from iclab.models import LinearTransformer, LinearTransformerConfig
+from iclab.tasks import LinearRegression
+from iclab.training import TrainConfig, load_history, stop, train
+
+TASK = LinearRegression(d=3)
+SAMPLE = functools.partial(TASK.sample, n=8)
+# ahn2023.fig1 at smoke: one sampled training run of 20 steps (two with seeds=2); its claims' frozen smoke values
+EXP, ARGS = "ahn2023.fig1", ["seeds=2"]
+FROZEN = json.loads((Path(__file__).parent / "data" / "smoke_claims.json").read_text())
+
+
+def _model() -> LinearTransformer:
+    return LinearTransformer(
+        LinearTransformerConfig(d=3, n_layers=2, pattern="sparse", init_std=0.1), generator=generator(0)
+    )
+
+
+def _cfg() -> TrainConfig:
+    return TrainConfig(
+        steps=40,
+        batch_size=32,
+        lr=0.01,
+        eval_every=10,
+        eval_batch=64,
+        checkpoint_every=15,
+        resample_every=7,
+        snapshot_every=10,
+        progress=False,
+    )
+
+
+def _snap(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {"A": m.A}  # type: ignore[dict-item]
+
+
+def _same(a, b) -> None:  # type: ignore[no-untyped-def]
+    assert a.history == b.history
+    for p, q in zip(a.model.parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert a.snapshot_steps == b.snapshot_steps
+    for k in a.snapshots:
+        assert torch.equal(a.snapshots[k], b.snapshots[k])
+
+
+@pytest.mark.parametrize("at", [17, 30])  # between checkpoints, and on one
+def test_stopped_run_continues_bit_identically(tmp_path: Path, at: int) -> None:
+    full = train(_model(), SAMPLE, _cfg(), out_dir=tmp_path / "full", snapshot_fn=_snap)
+    with pytest.raises(stop.Stopped, match=rf"^incomplete: train at step {at}/40; run the same command"):
+        train(_model(), SAMPLE, _cfg(), out_dir=tmp_path / "piece", snapshot_fn=_snap, stop_when=lambda k: k == at)
+    rest = train(_model(), SAMPLE, _cfg(), out_dir=tmp_path / "piece", snapshot_fn=_snap)
+    assert rest.resumed_from == at
+    _same(full, rest)
+    assert load_history(tmp_path / "piece") == load_history(tmp_path / "full")
+
+
+def test_a_signal_stops_at_the_next_step_boundary(tmp_path: Path) -> None:
+    """SIGUSR1 (what SLURM sends before its time limit) raised at step 11: the run checkpoints step 12 and stops."""
+
+    def signal_at(k: int) -> bool:
+        if k == 11:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return False
+
+    full = train(_model(), SAMPLE, _cfg(), snapshot_fn=_snap)
+    with stop.handling(), pytest.raises(stop.Stopped) as e:
+        train(_model(), SAMPLE, _cfg(), out_dir=tmp_path, snapshot_fn=_snap, stop_when=signal_at)
+    assert (e.value.reason, e.value.exit_code, e.value.progress) == ("SIGUSR1", 75, "train at step 12/40")
+    assert stop.requested() is None  # the handlers and the flag are cleared after the command
+    _same(full, train(_model(), SAMPLE, _cfg(), out_dir=tmp_path, snapshot_fn=_snap))
+
+
+def test_past_deadline_starts_nothing(tmp_path: Path) -> None:
+    with stop.handling(deadline=time.time() - 1), pytest.raises(stop.Stopped, match="train not started") as e:
+        train(_model(), SAMPLE, _cfg(), out_dir=tmp_path)
+    assert e.value.reason == "time limit" and e.value.not_started == 1
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_parse_duration() -> None:
+    assert [stop.parse_duration(t) for t in ("90s", "45m", "2h", "1h30m", "1d", "30", "0.5s")] == [
+        90,
+        2700,
+        7200,
+        5400,
+        86400,
+        30,
+        0.5,
+    ]
+    for bad in ("", "0s", "5x", "h", "1h 30m", "-3m", "1.5.2s"):
+        with pytest.raises(ConfigError, match="--time-limit must be a duration > 0"):
+            stop.parse_duration(bad)
+
+
+def test_stopped_pickles_with_its_counts() -> None:
+    import pickle
+
+    e = pickle.loads(pickle.dumps(stop.Stopped("seed1 at step 3/20", "SIGINT", 2)))
+    assert (e.progress, e.reason, e.not_started, e.exit_code) == ("seed1 at step 3/20", "SIGINT", 2, 130)
+
+
+def test_cli_run_stops_mid_run_and_continues_with_the_same_claims(tmp_path: Path, monkeypatch) -> None:
+    """``iclab run``: a SIGTERM at the 5th stop check (one before the run's steps, then one after each step) exits 75
+    with one line and writes no claims; the same command says how much is done, finishes, and measures the claims of
+    an uninterrupted run (the frozen smoke values)."""
+    calls = {"n": 0}
+    real = stop.should_stop
+
+    def sigterm_at_5() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 5:
+            stop.request("SIGTERM")  # what the SIGTERM handler does
+        return real()
+
+    monkeypatch.setattr(stop, "should_stop", sigterm_at_5)
+    cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path)]
+    first = CliRunner().invoke(app, cli)
+    assert first.exit_code == 75, first.output
+    line = "incomplete: ahn2023.fig1: 0 runs finished, 1 partial (seed0 at step 4/20); run the same command to continue"
+    assert line in first.output
+    run_dir = next((tmp_path / EXP).iterdir())
+    assert not (run_dir / "claims.json").exists() and not (run_dir / "results.pt").exists()
+    monkeypatch.setattr(stop, "should_stop", real)
+    second = CliRunner().invoke(app, [*cli, "--json"])
+    assert second.exit_code == 0, second.output
+    assert "ahn2023.fig1: resuming: 0 runs finished, 1 partial (seed0 at step 4/20)" in second.output
+    claims = json.loads((run_dir / "claims.json").read_text())
+    assert {c["name"]: c["measured"] for c in claims} == FROZEN[EXP]
+    assert progress_text(run_dir) == "1 run finished"
+
+
+def test_cli_train_stops_and_continues(tmp_path: Path, monkeypatch) -> None:
+    """``iclab train``: SIGTERM at the 4th stop check (before the steps, then after steps 1-3) exits 75 at step 3;
+    the same command finishes with the metrics of an uninterrupted run."""
+    yaml = "task: {{d: 3, n: 6}}\nmodel: {{n_layers: 1, pattern: sparse}}\n"
+    yaml += "train: {{steps: 30, batch_size: 32, eval_batch: 32, eval_every: 5, progress: false}}\nout: {}\n"
+    for name in ("pieces", "whole"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.format(tmp_path / name))
+    calls = {"n": 0}
+    real = stop.should_stop
+
+    def sigterm_at_4() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            stop.request("SIGTERM")
+        return real()
+
+    monkeypatch.setattr(stop, "should_stop", sigterm_at_4)
+    first = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "pieces.yaml"), "--time-limit", "1h"])
+    assert first.exit_code == 75 and "at step 3/30; run the same command to continue" in first.output, first.output
+    monkeypatch.setattr(stop, "should_stop", real)
+    for name in ("pieces", "whole"):
+        res = CliRunner().invoke(app, ["train", "--config", str(tmp_path / f"{name}.yaml")])
+        assert res.exit_code == 0, res.output
+    (a,), (b,) = (list((tmp_path / n).glob("*/metrics.jsonl")) for n in ("pieces", "whole"))
+    assert a.read_text() == b.read_text()
+
+
+def test_cli_rejects_a_bad_time_limit(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["run", EXP, "--preset", "smoke", "--out", str(tmp_path), "--time-limit", "soon"])
+    assert res.exit_code == 2 and "--time-limit must be a duration > 0" in res.output
+
+
+def _iclab(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "iclab", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_time_limit_subprocess_exits_75_then_finishes(tmp_path: Path, workers: str) -> None:
+    """``iclab run <smoke card> --time-limit 1s`` exits 75 with the one line; the same command finishes with the
+    claims of an uninterrupted run (in this process, and with ``--workers 2``)."""
+    whole = run_experiment(EXP, "smoke", out=tmp_path / "whole", overrides=ARGS)
+    cli = ["run", EXP, *ARGS, "--preset", "smoke", "--out", str(tmp_path / "pieces"), "--workers", workers]
+    first = _iclab(*cli, "--time-limit", "1s")
+    assert first.returncode == 75, first.stderr
+    assert first.stderr.strip().splitlines()[-1].startswith("incomplete: ahn2023.fig1: ")
+    assert first.stderr.strip().endswith("; run the same command to continue")
+    second = _iclab(*cli, "--json")
+    assert second.returncode == 0, second.stderr
+    assert json.loads(second.stdout) == whole.claims_json()
+
+
+@pytest.mark.slow
+def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
+    """Ctrl-C twice: the first asks the runs to stop, the second kills the command (by the signal, exit 130 in a
+    shell)."""
+    code = (
+        "import os, signal, time\n"
+        "from iclab.training import stop\n"
+        "with stop.handling():\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    assert stop.requested() == 'SIGINT'\n"
+        "    print('first', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(30)\n"
+        "print('survived')\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == -signal.SIGINT and p.stdout == "first\n", p.stderr
