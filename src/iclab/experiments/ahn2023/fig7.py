@@ -145,7 +145,10 @@ def claims(results: Fig7Results, cfg: Fig7Config) -> list[ClaimResult]:
 
 SMOKE_FIG7 = dict(SMOKE, layers=(1, 2), steps=5, eval_batch=512, eval_every=5, select_last=0, reference_samples=2000)
 # 200 L-BFGS iterations: at 100 the L = 4 model was still on its plateau in some runs (log-loss −2.6 vs −2.9)
-QUICK = dict(LBFGS_QUICK, seeds=1, steps=200, train_size=3000, batch_size=3000, log_atol=0.1)
+#: 8000 fixed prompts: on 3000 the L = 4 model fits its training set (loss 0.002) while its test loss swings between
+#: 0.05 and 600 over the run, so the final value is decided by rounding (log test loss -6.9 with 2 threads, +3.5 with
+#: 1 thread or in float64); on 8000 it is -1.75 to -1.83 (relative to the sparse optimum) in all three.
+QUICK = dict(LBFGS_QUICK, seeds=1, steps=200, train_size=8000, batch_size=8000, log_atol=0.1)
 CARD = card(
     Fig7Config,
     "Fig. 7: log test loss vs depth L, L-layer TF vs L steps of GD and Σ⁻¹-PGD (N = 20)",
