@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import socket
@@ -139,8 +140,28 @@ def run_experiment(
         raise OutputError(f"cannot write the run directory {run_dir} ({e.strerror or e}); choose another --out") from e
     if isinstance(backend, RayBackend):
         backend.check_shared_storage(Path(out))
-    with run_lock(run_dir, wait=wait):
+    with _output_errors(exp.name, run_dir), run_lock(run_dir, wait=wait):
         return _run_locked(exp, preset, cfg, dev, run_dir, force, progress, backend)
+
+
+@contextlib.contextmanager
+def _output_errors(name: str, run_dir: Path) -> Iterator[None]:
+    """A write that fails for want of space or permission (figures, claims, summary; the checkpoints and
+    ``results.pt`` say so themselves) as one :class:`OutputError` line: what is kept, and that the same command
+    finishes it (the results, once written, are reused)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _OUTPUT_ERRNOS:
+            raise
+        kept = "results.pt is kept" if (run_dir / "results.pt").is_file() else "the checkpoints are kept"
+        raise OutputError(
+            f"{name}: could not write {e.filename or run_dir} ({e.strerror or e}); {kept}: free space and run the "
+            "same command again"
+        ) from e
+
+
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
 def _run_locked(
