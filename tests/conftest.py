@@ -7,6 +7,7 @@ Exactness tests compare two learners in float64 to 1e-10 (STYLE item 11); import
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -70,3 +71,22 @@ def random_episode(
 def episode64() -> iclab.Episode:
     """B = 6 prompts, n = 10 pairs, d = 4, x ~ N(0, Σ) with a random SPD Σ, float64, noiseless."""
     return random_episode(6, 10, 4, seed=0, covariance=random_spd(4, seed=1))
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless chromium (Debian's, through Playwright) for the report's and the documentation site's browser tests,
+    with a fresh temporary profile; the test skips, saying why, where there is none."""
+    from iclab.reporting.site import BROWSER_ARGS, browser_executable
+
+    executable = browser_executable()
+    if executable is None:
+        pytest.skip("browser tests skipped: no chromium executable on PATH (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("browser tests skipped: playwright is not installed (pip install -e '.[dev]')")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=executable, args=list(BROWSER_ARGS))
+        yield b
+        b.close()

@@ -14,13 +14,11 @@ import inspect
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from iclab.reporting.site import BROWSER_ARGS, browser_executable
 from site_fixtures import parse
 
 pytest.importorskip("mkdocs", reason="the documentation site needs the docs extra (pip install -e '.[docs]')")
@@ -90,21 +88,6 @@ def test_api_reference_shows_exactly_all(site: Path) -> None:
         top = {i for i in shown if "." not in i}
         modules = {n for n in module.__all__ if inspect.ismodule(getattr(module, n))}  # pages of their own
         assert top == set(module.__all__) - modules, package
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    executable = browser_executable()
-    if executable is None:
-        pytest.skip("browser tests skipped: no chromium executable on PATH (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("browser tests skipped: playwright is not installed (pip install -e '.[dev]')")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=executable, args=list(BROWSER_ARGS))
-        yield b
-        b.close()
 
 
 def open_page(browser: object, path: Path) -> tuple[object, list[str]]:

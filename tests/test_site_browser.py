@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
 from iclab.experiments.runner import run_experiment
-from iclab.reporting.site import BROWSER_ARGS, browser_executable, screenshot, write_compare, write_site
+from iclab.reporting.site import screenshot, write_compare, write_site
 from site_fixtures import make_sweep_dir, parse
 
 EXPERIMENTS = ("ahn2023.theorem5", "cheng2024.fig5", "zhang2025.fig1")  # ~0.3 s each at smoke
@@ -29,21 +28,6 @@ PAGES = ("index.html", "ahn2023.html", "cheng2024.html", "zhang2025.html", "swee
 CURVES = "cheng2024.fig5"  # trains (metrics.jsonl); OVERRIDE is its run with another learning rate
 OVERRIDE = "train.lr=0.005"
 EVIL = "</script><script>alert(1)</script>"
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    executable = browser_executable()
-    if executable is None:
-        pytest.skip("browser tests skipped: no chromium executable on PATH (apt-get install chromium)")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        pytest.skip("browser tests skipped: playwright is not installed (pip install -e '.[dev]')")
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=executable, args=list(BROWSER_ARGS))  # a fresh temporary profile
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
