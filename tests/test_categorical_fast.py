@@ -212,3 +212,53 @@ def test_without_the_c_kernel_the_torch_code_runs(monkeypatch: pytest.MonkeyPatc
     logits = model.predict(ep)
     model.fast = False
     assert rel_diff(logits, model.predict(ep)) < 1e-5
+
+
+def _gd_pass(model: CategoricalTransformer, ep: Episode, points: torch.Tensor | None, fast_on: bool):
+    """Logits at ``points`` (or the query) and every learned parameter's gradient, by the GD model's fast path or the
+    general identity-erasure pass (``model.fast``)."""
+    model.fast = fast_on
+    model.zero_grad()
+    logits = model.predict_points(ep, points)
+    w = torch.linspace(-1, 1, logits.numel(), dtype=logits.dtype).view(logits.shape)
+    (logits * w).sum().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize(("K", "shared", "scale_param"), [(1, False, "a"), (2, False, "a"), (3, True, "a"),
+                                                          (2, False, "logit"), (3, False, "logit")])  # fmt: skip
+@pytest.mark.parametrize("native", [True, False])
+def test_gd_softmax_fast_path_equals_the_general_pass(
+    K: int, shared: bool, scale_param: str, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GD model (softmax kernel, exact erasure): head 1 by ``shared_kv_softmax`` = the general pass that stores
+    the (B, T, n) weights, float64 to 1e-10 relative, values and the gradients of α, the scale and W_e; one query
+    and several (``predict_points``), a batch over several chunks with a ragged last one; with and without the C
+    kernel (float64 always runs the torch code: the same numbers)."""
+    monkeypatch.setattr(fast, "NATIVE", native)
+    monkeypatch.setattr(fast, "CHUNK", 1)
+    kw = {"attn_logit_scale": 0.3} if scale_param == "logit" else {}
+    cfg = CategoricalTransformerConfig(n_blocks=K, shared=shared, scale_param=scale_param, scale_init=0.8, **kw)
+    model = CategoricalTransformer(cfg, generator=iclab.generator(K)).double()
+    with torch.no_grad():
+        model.alpha.copy_(0.5 + torch.rand(model.alpha.shape, generator=iclab.generator(7), dtype=F64))
+    ep = _episode(2 * torch.get_num_threads() + 1, 40, 10, 25, seed=K)
+    points = torch.rand(3, 10, generator=iclab.generator(9), dtype=F64) * 2 - 1
+    for pts in (None, points):
+        got, ref = _gd_pass(model, ep, pts, True), _gd_pass(model, ep, pts, False)
+        assert rel_diff(got[0], ref[0]) < 1e-10
+        for g_fast, g_ref in zip(got[1], ref[1], strict=True):
+            assert rel_diff(g_fast, g_ref) < 1e-10
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_gd_softmax_fast_path_in_float32(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """float32 at the §6.1 sizes (d + d' = 15: the C kernel's 16-wide rows where it is built, else the torch code):
+    the fast and general GD passes agree to float32 rounding, values and gradients."""
+    monkeypatch.setattr(fast, "NATIVE", native)
+    model = CategoricalTransformer(CategoricalTransformerConfig(n_blocks=2), generator=iclab.generator(0))
+    ep = _episode(3, 125, 10, 25, seed=4, dtype=F32)
+    got, ref = _gd_pass(model, ep, None, True), _gd_pass(model, ep, None, False)
+    assert rel_diff(got[0], ref[0]) < 1e-5
+    for g_fast, g_ref in zip(got[1], ref[1], strict=True):
+        assert rel_diff(g_fast, g_ref) < 1e-4

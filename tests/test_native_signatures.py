@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from iclab.core import native, symabs
-from iclab.models import _bilinear_fast, _categorical_fast, _kernel_fast, _query_fast
+from iclab.models import _bilinear_fast, _categorical_fast, _kernel_fast, _moment_fast, _query_fast
+from iclab.tasks import polynomial
 
 pytestmark = pytest.mark.skipif(
     native.find_compiler() is None or platform.machine().lower() not in ("x86_64", "amd64"),
@@ -32,7 +33,9 @@ KERNELS = {
     "kv_softmax": (_categorical_fast, {}),
     "bilinear": (_bilinear_fast, {"DIM": 13, "LIVE": 5}),
     "query_attn": (_query_fast, {"DIM": 5}),
+    "moment_attn": (_moment_fast, {"DIM": 6}),
     "sym_abs": (symabs, {}),
+    "polynomial": (polynomial, {}),
 }
 
 #: C scalar types as ctypes has them (qualifiers dropped); every pointer is "pointer"

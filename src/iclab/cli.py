@@ -609,6 +609,7 @@ DOCTOR_KERNELS = (
     ("Wang et al.'s Trained TF softmax head", "iclab.models._categorical_fast", ()),
     ("Sun et al.'s bilinear stack, d = 4", "iclab.models._bilinear_fast", (13, 5)),
     ("Zhang et al.'s query row, d = 4", "iclab.models._query_fast", (5,)),
+    ("Ahn et al.'s linear stack (moment form), d = 5", "iclab.models._moment_fast", (6,)),
     ("|K| and Cholesky label draws", "iclab.core.symabs", ()),
 )
 

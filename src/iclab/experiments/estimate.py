@@ -17,7 +17,9 @@ steps × step cost:
     projected = wall(probe) − Σ_runs probe seconds + Σ_runs (fixed + steps · step cost)
 
 so the work outside training (data generation, evaluation, Monte Carlo, closed forms, plots) is measured, not
-guessed. Periodic evaluations and checkpoints inside a long run are counted only as far as the probe reaches them.
+guessed (:attr:`Estimate.outside_seconds`): it runs at the probed config's sizes, so an override that shrinks an
+evaluation (Sun et al.'s ``test_batch``: 100 000 float64 Monte-Carlo prompts per test length) shrinks its share, and
+the projection counts the evaluation at the preset's size only when the probe runs it at that size. Periodic evaluations and checkpoints inside a long run are counted only as far as the probe reaches them.
 An experiment whose analysis needs trained models may fail on the probe's untrained ones; the projection then covers
 the runs before the failure, is a lower bound, and says so (``error``). Nothing is written outside a temporary
 directory. The estimate carries the probe's :func:`~iclab.core.provenance.provenance` (date, commit, machine,
@@ -74,6 +76,12 @@ class Estimate:
         return sum(r.steps for r in self.runs)
 
     @property
+    def outside_seconds(self) -> float:
+        """The probe's time outside its training runs (evaluations after training, Monte Carlo, closed forms, plots),
+        counted once in the projection as measured."""
+        return max(0.0, self.wall_seconds - sum(r.seconds for r in self.runs))
+
+    @property
     def projected_seconds(self) -> float:
         """The whole experiment's projected wall time on the probe's device (see the module docstring)."""
         return self.wall_seconds + sum(r.projected_seconds - r.seconds for r in self.runs)
@@ -90,6 +98,7 @@ class Estimate:
             "probe_steps": self.probe_steps,
             "wall_seconds": round(self.wall_seconds, 3),
             "projected_seconds": round(self.projected_seconds, 1),
+            "outside_training_seconds": round(self.outside_seconds, 1),
             "train_runs": len(self.runs),
             "train_steps": self.train_steps,
             "complete": self.complete,

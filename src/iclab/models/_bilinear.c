@@ -17,7 +17,7 @@
 
    bl_jacobian_* runs the backward inside the forward instead, for dL/d(out) = 1 in every lane, and writes each
    prompt's d out / d(weights) (lanes, one row per group); bl_vjp_* is then the whole backward of the step: a product
-   with the output gradient, no replay.
+   with the output gradient, no replay. bl_embed_* writes the prompt itself (eq. (1)) from the episode's x, x_q, y.
 
    Denormals are flushed to zero inside the calls. DIM is a compile-time constant (-DDIM=13): every DIM-long loop is
    unrolled and its vectors stay in registers.
@@ -452,6 +452,27 @@ static void NAME(add_lanes)(const vec *v, long count, real *out) {
         for (int l = 0; l < W; l++) s += v[i][l];
         out[i] += s;
     }
+}
+
+/* The prompt of eq. (1), z (B, n + 1, DIM) row-major: token t < n of prompt b is [1, x_bt, 0 …, y_bt · inv], the
+   query [1, xq_b, 0 …, 0], with d = LIVE − 1 inputs; x_bt at x + b * sxb + t * d, xq_b at xq + b * sqb, y_bt at
+   y + b * syb + t. The label is one rounded product (y · 1 = y). Returns 0. */
+int NAME(bl_embed)(long B, int n, const real *x, long sxb, const real *xq, long sqb, const real *y, long syb, real inv,
+                   real *z) {
+    enum { D = LIVE - 1 };
+    for (long b = 0; b < B; b++) {
+        real *zb = z + b * (long)(n + 1) * DIM;
+        const real *xb = x + b * sxb, *yb = y + b * syb;
+        for (int t = 0; t <= n; t++) {
+            real *zt = zb + (long)t * DIM;
+            const real *xt = t < n ? xb + (long)t * D : xq + b * sqb;
+            zt[0] = 1;
+            for (int j = 0; j < D; j++) zt[1 + j] = xt[j];
+            for (int r = LIVE; r < DB; r++) zt[r] = 0;
+            zt[DB] = t < n ? yb[t] * inv : 0;
+        }
+    }
+    return 0;
 }
 
 /* out[b] for b < B. Returns 0, or 1 where scratch memory could not be allocated. */

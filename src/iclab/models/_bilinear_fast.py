@@ -64,12 +64,13 @@ _SOURCE = Path(__file__).with_name("_bilinear.c")
 COST = "a BilinearTransformer training step about 4.5× slower"
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 _SIGNATURES = native_kernels.per_real(
-    lambda _: {
+    lambda R: {
         "bl_lanes": ([], _I),
         "bl_forward": ([_L, _I, _I, _P, _I, _P, _P, _P, _P], _I),
         "bl_backward": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I),
         "bl_jacobian": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I),
         "bl_vjp": ([_L, _L, _P, _P, _P], _I),
+        "bl_embed": ([_L, _I, _P, _L, _P, _L, _P, _L, R, _P], _I),
     }
 )
 
@@ -78,6 +79,38 @@ def native(dim: int, live: int) -> ctypes.CDLL | None:
     """``_bilinear.c`` compiled for tokens ``dim`` wide whose first ``live`` entries are live in the prompt
     (:func:`iclab.core.native.load`); None where it cannot be built."""
     return native_kernels.load(_SOURCE, _SIGNATURES, defines={"DIM": dim, "LIVE": live}, wide=WIDE, cost=COST)
+
+
+def native_embed(x: Tensor, xq: Tensor, y: Tensor, d_bar: int, inv: float) -> Tensor | None:
+    """The prompt of eq. (1), (B, n+1, d̄+1), by ``_bilinear.c``'s ``bl_embed`` (the build the model's forward uses):
+    [1, x_t, 0, y_t · inv] per context token, [1, x_q, 0, 0] for the query, the label one product rounded in the
+    prompt's dtype, as :func:`iclab.models.bilinear.embed_scratch`'s torch code computes it. None where the kernel
+    does not take these operands (not a CPU float32/float64 episode with contiguous token rows, a width past
+    :data:`MAX_DIM`, no compiler): the caller's torch code runs."""
+    B, n, d = x.shape
+    ok = NATIVE and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 2 <= d_bar + 1 <= MAX_DIM
+    ok = ok and xq.dtype == y.dtype == x.dtype and xq.device == y.device == x.device and B > 0 and d + 1 < d_bar + 1
+    ok = (
+        ok
+        and x.stride(-1) == 1
+        and (n < 2 or x.stride(-2) == d)
+        and xq.stride(-1) == 1
+        and (n < 2 or y.stride(-1) == 1)
+    )
+    lib = native(d_bar + 1, d + 1) if ok else None
+    if lib is None:
+        return None
+    z = x.new_empty(B, n + 1, d_bar + 1)
+    fn = getattr(lib, "bl_embed_f32" if x.dtype == torch.float32 else "bl_embed_f64")
+    step = split_evenly(B, NATIVE_PART)
+
+    def run(s: int) -> int:
+        e = min(s + step, B)
+        ptrs = (x[s:e].data_ptr(), x.stride(0), xq[s:e].data_ptr(), xq.stride(0), y[s:e].data_ptr(), y.stride(0))
+        return int(fn(e - s, n, *ptrs, inv, z[s:e].data_ptr()))
+
+    map_on_threads(run, range(0, B, step))
+    return z
 
 
 def _transfer(G: Tensor, P: Tensor, Q: Tensor, n: int) -> Tensor:

@@ -23,6 +23,10 @@ and never touches the n tokens again (:meth:`AttentionStack.forward`; exact, the
 token pass up to rounding). Those tensors are kept batch-last, (D, D, B): a product with a shared
 (D, D) matrix is then one GEMM, and a per-prompt product D rank-1 updates over contiguous B-vectors
 (:func:`batched_matmul`), ≈ 7× faster on a CPU than ``torch.bmm`` on (B, 6, 6) (docs/performance.md).
+On a CPU with a C compiler, :class:`~iclab.models.LinearTransformer` runs the whole L-layer pass, forward and
+backward, as one C call with the prompts in vector lanes (:mod:`iclab.models._moment_fast`), and
+:func:`context_moments` builds (G_0, q_0) from the data by the same kernel, without the prompt; the code here is
+that kernel's torch fallback and computes the same numbers.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_shape
 from iclab.core.kernels import INNER_PRODUCT_KERNELS, inner_product_scores
 from iclab.core.private_torch import is_transformed
+from iclab.models import _moment_fast
 
 
 def linear_mix(
@@ -265,11 +270,14 @@ def context_moments(episode: Episode, *, include_query: bool = False) -> tuple[T
     """(G, q) of the prompt z = Z_0ᵀ (eq. 1), batch-last: G = Σ_{sources} z_i z_iᵀ (D, D, B), q (D, B).
 
     The sources are the n context tokens (Ahn et al.'s mask M), or every token with
-    ``include_query``. Memoised on the episode (:meth:`Episode.memo`): a batch reused for k steps is
+    ``include_query``. By the C kernel where it applies (:func:`iclab.models._moment_fast.moments`), else from the
+    prompt (:func:`embed`). Memoised on the episode (:meth:`Episode.memo`): a batch reused for k steps is
     read once, not k times.
     """
 
     def compute(ep: Episode) -> tuple[Tensor, Tensor]:
+        if ep.y is not None and _moment_fast.moments_apply(ep.x, ep.y, ep.x_query):  # the C kernel: no prompt formed
+            return _moment_fast.moments(ep.x, ep.y, ep.x_query, include_query=include_query)
         z = embed(ep)
         src = z if include_query else z[:, : ep.n]
         return torch.einsum("bni,bnj->ijb", src, src).contiguous(), z[:, -1].transpose(0, 1).contiguous()

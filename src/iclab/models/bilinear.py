@@ -54,7 +54,8 @@ from torch.nn.utils import parametrize
 from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.core.private_torch import is_transformed
-from iclab.models._bilinear_fast import bilinear_stack
+from iclab.core.threads import map_on_threads
+from iclab.models._bilinear_fast import bilinear_stack, native_embed
 from iclab.models.attention_core import moment_layer
 from iclab.models.linear_attention import LinearAttention
 
@@ -65,18 +66,63 @@ FFNS = ("dense", "sparse", "sparse_strict", "none")
 ORDERS = ("ffn_first", "attention_first")
 
 
-def embed_scratch(episode: Episode, d_bar: int) -> Tensor:
-    """The prompt of eq. (1) as rows: [1, x_i, 0 (d̄−d−1), y_i] per context pair and [1, x_q, 0, 0]. (B, n+1, d̄+1)."""
+#: bytes of one chunk of :func:`embed_scratch`'s prompt written at once (it stays in cache while its columns are filled)
+EMBED_CHUNK_BYTES = 1 << 18
+
+
+def embed_scratch(episode: Episode, d_bar: int, label_scale: float = 1.0) -> Tensor:
+    """The prompt of eq. (1) as rows: [1, x_i, 0 (d̄−d−1), y_i/s] per context pair and [1, x_q, 0, 0]. (B, n+1, d̄+1).
+
+    ``label_scale`` s: the label entries are y · (1/s) (1/s rounded to the prompt's dtype first, as
+    :class:`BilinearTransformer`'s reparameterisation S multiplies them). Without autograd on the episode the prompt is
+    written in place, chunk by chunk on torch's threads (:func:`~iclab.core.threads.map_on_threads`); the same numbers,
+    bit for bit, as the concatenation :func:`_embed_reference` that a differentiable or transformed episode takes.
+    """
     if episode.y is None:
         raise ValueError("embed_scratch needs a regression episode (float labels y); got a classification episode")
     d = episode.d
     require("embed_scratch", "d_bar", is_int(d_bar, d + 1), f"an int >= d + 1 = {d + 1}", d_bar)
+    x, xq, y = episode.x, episode.x_query, episode.y
+    # inside a torch.func transform even a slice of a plain tensor is wrapped (no data pointer): the reference runs
+    if any(t.requires_grad for t in (x, xq, y)) or is_transformed(x, xq, y, x.view_as(x)):
+        return _embed_reference(x, xq, y, d_bar, label_scale)
+    fast = native_embed(x, xq, y, d_bar, float(torch.tensor(1.0 / label_scale, dtype=x.dtype)))
+    if fast is not None:
+        return fast
     B, n = episode.batch_size, episode.n
-    x = torch.cat([episode.x, episode.x_query.unsqueeze(1)], dim=1)  # (B, n+1, d)
-    y = torch.nn.functional.pad(episode.y, (0, 1))  # (B, n+1): query label 0
+    z = x.new_empty(B, n + 1, d_bar + 1)
+    inv = torch.tensor(1.0 / label_scale, dtype=x.dtype) if label_scale != 1.0 else None
+    per = max(1, EMBED_CHUNK_BYTES // ((n + 1) * (d_bar + 1) * z.element_size()))
+
+    def run(s: int) -> None:
+        c = z[s : s + per]
+        c[..., 0] = 1.0
+        c[:, :n, 1 : d + 1] = x[s : s + per]
+        c[:, n, 1 : d + 1] = xq[s : s + per]
+        c[..., d + 1 : d_bar] = 0.0
+        c[:, n, d_bar] = 0.0
+        if inv is None:
+            c[:, :n, d_bar] = y[s : s + per]
+        else:
+            torch.mul(y[s : s + per], inv, out=c[:, :n, d_bar])
+
+    map_on_threads(run, range(0, B, per), x.device.type != "cpu")
+    return z
+
+
+def _embed_reference(x: Tensor, xq: Tensor, y: Tensor, d_bar: int, label_scale: float) -> Tensor:
+    """:func:`embed_scratch` by concatenation, differentiable in the episode (and under ``torch.func`` transforms)."""
+    B, n, d = x.shape
+    xs = torch.cat([x, xq.unsqueeze(1)], dim=1)  # (B, n+1, d)
+    yp = torch.nn.functional.pad(y, (0, 1))  # (B, n+1): query label 0
     one = torch.ones(B, n + 1, 1, dtype=x.dtype, device=x.device)
     pad = torch.zeros(B, n + 1, d_bar - d - 1, dtype=x.dtype, device=x.device)
-    return torch.cat([one, x, pad, y.unsqueeze(-1)], dim=-1)
+    z = torch.cat([one, xs, pad, yp.unsqueeze(-1)], dim=-1)
+    if label_scale == 1.0:
+        return z
+    sc = torch.ones(d_bar + 1, dtype=z.dtype, device=z.device)
+    sc[-1] = 1.0 / label_scale
+    return z * sc
 
 
 class _MaskRows(nn.Module):
@@ -325,8 +371,7 @@ class BilinearTransformer(nn.Module):
 
     def _prompt(self, episode: Episode) -> Tensor:
         """Z′_0ᵀ = (SZ_0)ᵀ, (B, n+1, d̄+1): the prompt of eq. (1) with the label entries divided by ``label_scale``."""
-        z = embed_scratch(episode, self.config.d_bar)  # (B, n+1, d̄+1)
-        return z * self._label_scaling(z) if self.config.label_scale != 1.0 else z
+        return embed_scratch(episode, self.config.d_bar, self.config.label_scale)  # (B, n+1, d̄+1)
 
     def _run(self, episode: Episode, keep: bool) -> tuple[Tensor, list[Tensor]]:
         self._check(episode)
@@ -347,11 +392,28 @@ class BilinearTransformer(nn.Module):
         z, states = self._run(episode, keep=True)
         return -z[:, -1, -1], torch.stack(states)
 
-    def block_predictions(self, episode: Episode) -> Tensor:
-        """(L+1, B): +ŷ after ℓ = 0, …, L blocks, read from Z^{(2ℓ)} (App. H's sub-networks)."""
-        _, states = self._run(episode, keep=True)
+    def block_predictions(self, episode: Episode, *, fused: bool = False) -> Tensor:
+        """(L+1, B): +ŷ after ℓ = 0, …, L blocks, read from Z^{(2ℓ)} (App. H's sub-networks).
+
+        ``fused``: on a CPU, each ℓ-block sub-network (ℓ ≥ 1) by :meth:`forward`'s fused pass on the first ℓ blocks
+        (its C kernel where it can be built): the same numbers as the token layers to rounding (1e-10 in float64,
+        tests/test_polynomial_fast.py), without keeping the (B, n+1, d̄+1) prompt after every sub-layer; the
+        token layers run where the fused pass does not (another device, autograd on the prompt, ``torch.func``)."""
+        if fused:
+            self._check(episode)
+        z0 = self._prompt(episode) if fused else None
         per = 2 if self.ffn else 1
-        return torch.stack([-s[:, -1, -1] for s in states[::per]])
+        if z0 is None or z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
+            _, states = self._run(episode, keep=True)
+            return torch.stack([-s[:, -1, -1] for s in states[::per]])
+        layers = [
+            ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
+            for layer in self.sublayers()
+        ]
+        s = self.config.label_scale
+        first = -z0[:, -1, -1] * s  # ℓ = 0: the query's label entry, 0
+        rest = [bilinear_stack(z0, layers[: per * ell], n=episode.n, live=self.config.d + 1) for ell in range(1, self.config.n_blocks + 1)]  # fmt: skip
+        return torch.stack([first, *(-r * s for r in rest)])
 
     def forward(self, episode: Episode) -> Tensor:
         """+ŷ (B,). On a CPU the whole stack is one autograd node over chunks of prompts with a hand-written backward

@@ -20,7 +20,8 @@ and, for :meth:`predict_points`, m queries after the n context tokens. Initially
 ``mode='gd'`` is the paper's "GD" transformer: the construction's form with learned α_k ∈ R^{d'} (a
 diagonal step per block, or one for all blocks when ``shared``), a kernel scale a (W_Q = W_K = a[I_d 0];
 not learned for the linear kernel, where it only rescales α) and W_e. It is computed on the blocks
-directly (no zero blocks multiplied), and K blocks equal K steps of
+directly (no zero blocks multiplied; with the softmax kernel head 1 runs in the fused kernel of
+:mod:`iclab.models._categorical_fast`, keys a x_i and values packed as its sources), and K blocks equal K steps of
 :class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:func:`iclab.constructions.gd_algorithm`).
 ``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
 W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
@@ -384,8 +385,9 @@ class CategoricalTransformer(_EmbeddingModel):
             z = self._gd_block(z, n, k, weights)
         return z[:, n:, -cfg.d_embed :] @ self.W_e
 
-    #: run the free model's fast path where it applies (:attr:`uses_fast_path`); False: every block by the general
-    #: :meth:`_free_block` (the reference for tests and benchmarks)
+    #: run the free model's fast path where it applies (:attr:`uses_fast_path`) and the GD model's softmax head 1 by
+    #: :func:`~iclab.models._categorical_fast.shared_kv_softmax`; False: every free block by the general
+    #: :meth:`_free_block`, the GD model with stored head weights (the references for tests and benchmarks)
     fast: bool = True
 
     @property
@@ -421,6 +423,8 @@ class CategoricalTransformer(_EmbeddingModel):
         q = self._check(episode, points)
         a = self.kernel_scale
         x_ctx, x_q = a * episode.x, a * q
+        if self.fast and cfg.kernel == "softmax":
+            return self._gd_softmax_fast(episode, x_ctx, x_q)
         U, E = self.W_e.T[episode.labels], self.W_e.mean(1)  # (B, n, d'), (d',): every context token's E at first
         F_ctx, F_q = U.new_zeros(U.shape), U.new_zeros(*x_q.shape[:2], U.shape[-1])  # (B, n, d'), (B, m, d')
         w_q = head_weights(cfg.kernel, x_ctx, x_q)  # (B, m, n)
@@ -435,6 +439,36 @@ class CategoricalTransformer(_EmbeddingModel):
                 assert w_c is not None  # K > 1
                 F_ctx = F_ctx + alpha * weigh(w_c, V)
                 E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
+        return F_q @ self.W_e
+
+    def _gd_softmax_fast(self, episode: Episode, x_ctx: Tensor, x_q: Tensor) -> Tensor:
+        """:meth:`_gd_identity_erasure` for the softmax kernel, head 1 by :func:`~iclab.models._categorical_fast.
+        shared_kv_softmax`: the keys (a x_i) and the values V_i = u_i − E_i of a block packed as the sources
+        s_i = (a x_i; V_i; 0), each target's query (a x_j; 0; 0), so the V columns of Σ_i softmax_i(a² x_jᵀ x_i) s_i are
+        head 1's output (eq. 26-30). The (B, n+m, n) weights are computed and used block by block in cache (the fused
+        C kernel in float32 at d + d' ≤ 16, else chunks of batched products) instead of being stored with their
+        softmax backward; the scores are recomputed in each block (d-wide products, cheap). The same numbers to float
+        rounding."""
+        cfg = self.config
+        K, n, d, dp = cfg.n_blocks, episode.n, cfg.d, cfg.d_embed
+        R = -(-(d + dp) // fast.ALIGN) * fast.ALIGN  # source width, zero-padded
+        targets = nn.functional.pad(torch.cat([x_ctx, x_q], dim=1), (0, R - d))  # (B, n+m, R) queries (a x_j; 0)
+        U, E = self.W_e.T[episode.labels], self.W_e.mean(1)  # (B, n, d'), (d',): every context token's E at first
+        W = self.W_e.T  # (C, d')
+        F_ctx: Tensor | None = None
+        F_q: Tensor | None = None
+        for k in range(K):
+            V = U - E  # (B, n, d') the values of head 1
+            alpha = self.alpha[self._block_index(k)]
+            last = k == K - 1
+            o = fast.shared_kv_softmax(targets[:, n:] if last else targets, x_ctx, V)[..., d : d + dp]
+            dq = alpha * (o if last else o[:, n:])
+            F_q = dq if F_q is None else F_q + dq
+            if not last:
+                dc = alpha * o[:, :n]
+                F_ctx = dc if F_ctx is None else F_ctx + dc
+                E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
+        assert F_q is not None  # K ≥ 1
         return F_q @ self.W_e
 
 

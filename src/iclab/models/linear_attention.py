@@ -44,8 +44,8 @@ from torch import Tensor, nn
 
 from iclab.core.episode import Episode
 from iclab.core.errors import is_int, require, require_int
-from iclab.models import _query_fast
-from iclab.models.attention_core import AttentionStack, attention_update, linear_mix, moment_mix
+from iclab.models import _moment_fast, _query_fast
+from iclab.models.attention_core import AttentionStack, attention_update, context_moments, linear_mix, moment_mix
 from iclab.models.attention_core import embed as embed  # re-exported: the prompt of eq. (1)
 
 Pattern = Literal["full", "sparse", "sparse_symmetric", "pattern11"]
@@ -327,7 +327,8 @@ class LinearTransformer(AttentionStack):
         the gradient's coordinates.
         """
         if not all(layer.label_only for layer in self.layers):
-            return super().forward(episode)
+            fast = self._forward_native(episode)
+            return super().forward(episode) if fast is None else fast
         self._check(episode)
         S, v, xq = episode.memo("label_moments", _label_moments)  # (d, d, B), (d, B), (d, B)
         last = len(self.layers) - 1
@@ -338,6 +339,20 @@ class LinearTransformer(AttentionStack):
             if i < last:
                 v = v - (S * u.unsqueeze(0)).sum(1)
         return self._read_label(slot)
+
+    def _forward_native(self, episode: Episode) -> Tensor | None:
+        """+ŷ (B,) by the C kernel of the moment form (:mod:`iclab.models._moment_fast`), or None where it does not
+        apply (then :meth:`AttentionStack.forward` computes the same in torch)."""
+        sources = self.moment_sources
+        if sources is None or not _moment_fast.NATIVE:
+            return None
+        self._check(episode)
+        gram, q = context_moments(episode, include_query=sources == "all")  # (D, D, B), (D, B)
+        P, Q = self.P, self.Q  # (L, H, D, D)
+        if not _moment_fast.applies(gram, q, P, Q):
+            return None
+        label = _moment_fast.moment_stack(gram, q, P, Q, scale=1.0 / episode.n, residual=self.config.residual)
+        return self._read_label(label)
 
     # --- the matrices theory talks about, stacked over layers ---------------------------
     @property

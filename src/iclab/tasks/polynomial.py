@@ -17,15 +17,19 @@ Named sets: ``"quadratic"`` (every monomial of degree ≤ 2, C(d+2, 2) of them),
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from iclab.core import native as native_kernels
 from iclab.core.episode import Episode
 from iclab.core.errors import require, require_int
+from iclab.core.threads import map_on_threads, split_evenly
 from iclab.tasks.linear_regression import check_batch_n
 
 MONOMIAL_SETS = ("quadratic", "sparse_cubic")
@@ -102,6 +106,64 @@ def monomials(x: Tensor, exponents: Tensor) -> Tensor:
     return out.movedim(0, -1)  # (..., M), a view: the slabs stay contiguous
 
 
+#: bytes of one chunk's monomial features in :func:`polynomial_values`' torch code (a (c, T, M) block stays in cache)
+VALUES_CHUNK_BYTES = 1 << 18
+#: compute the labels by the C kernel ``_polynomial.c`` where it can be built (:mod:`iclab.core.native`); environment
+#: ``ICLAB_NATIVE=0`` or False here: always the torch code
+NATIVE = native_kernels.ENABLED
+VALUES_PART = 512  # prompts per C call at most (a multiple of 4 calls per batch)
+_SOURCE = Path(__file__).with_name("_polynomial.c")
+_P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+_SIGNATURES = native_kernels.per_real(lambda _: {"pv_values": ([_L, _I, _I, _I, _P, _P, _L, _P, _P], _I)})
+
+
+def native() -> ctypes.CDLL | None:
+    """``_polynomial.c`` compiled (:func:`iclab.core.native.load`); None where it cannot be built."""
+    return native_kernels.load(_SOURCE, _SIGNATURES, cost="drawing a polynomial batch about 3× slower")
+
+
+def polynomial_values(x: Tensor, w: Tensor, exponents: Tensor) -> Tensor:
+    """(B, T, d), (B, M), (M, d) -> (B, T): f(x_t; w_b) = Σ_m w_bm x_t^{a_m} for every prompt b (Sec. 2.1).
+
+    The same numbers, bit for bit, as ``einsum("btm,bm->bt", monomials(x, exponents), w)`` (a batched product that
+    adds the M terms in order, each rounded): on a CPU by the C kernel ``_polynomial.c`` (tokens in vector lanes),
+    elsewhere, or with ``ICLAB_NATIVE=0``, by that product over chunks of prompts whose (c, T, M) features fit in
+    cache; parts of the batch run on torch's threads (:func:`~iclab.core.threads.map_on_threads`). The (B, T, M)
+    feature tensor is never formed.
+    """
+    B, T, d = x.shape
+    out = x.new_empty(B, T)
+    lib = native() if _uses_native(x, w, exponents) else None
+    if lib is not None:
+        fn = getattr(lib, "pv_values_f32" if x.dtype == torch.float32 else "pv_values_f64")
+        a = exponents.to(torch.int32).contiguous()
+        wc, M = w.contiguous(), exponents.shape[0]
+        step = split_evenly(B, VALUES_PART)
+
+        def part(s: int) -> int:
+            e = min(s + step, B)
+            return int(fn(e - s, T, d, M, a.data_ptr(), x[s:e].data_ptr(), x.stride(0), wc[s:e].data_ptr(), out[s:e].data_ptr()))  # fmt: skip
+
+        if not any(map_on_threads(part, range(0, B, step))):
+            return out
+    per = max(1, VALUES_CHUNK_BYTES // (T * exponents.shape[0] * x.element_size()))
+    wc3 = w.unsqueeze(-1)  # (B, M, 1)
+
+    def run(s: int) -> None:
+        torch.bmm(monomials(x[s : s + per], exponents), wc3[s : s + per], out=out[s : s + per].unsqueeze(-1))
+
+    map_on_threads(run, range(0, B, per), x.device.type != "cpu")
+    return out
+
+
+def _uses_native(x: Tensor, w: Tensor, exponents: Tensor) -> bool:
+    """Whether the C kernel takes these operands: CPU float32/float64, tokens of contiguous d-vectors, small exponents."""
+    ok = NATIVE and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and w.dtype == x.dtype
+    ok = ok and x.shape[0] > 0 and x.shape[1] > 0 and x.shape[-1] <= 64 and exponents.device.type == "cpu"
+    ok = ok and x.stride(-1) == 1 and x.stride(-2) == x.shape[-1] and int(exponents.max()) <= 16
+    return ok and not (x.requires_grad or w.requires_grad)
+
+
 def quadratic_features(x: Tensor) -> Tensor:
     """(..., d) -> (..., C(d+2, 2)): x̄ of eq. (7), (1, x, then x_j² − 1 and x_j x_k (j < k) in pair order).
 
@@ -165,8 +227,9 @@ class PolynomialRegression:
         dev = generator.device
         x_all = torch.randn(batch, n + 1, self.d, generator=generator, device=dev, dtype=dtype)  # (B, n+1, d)
         w = torch.randn(batch, self.n_monomials, generator=generator, device=dev, dtype=dtype)  # (B, M)
-        y_all = torch.einsum("btm,bm->bt", monomials(x_all, self.exponents), w)  # (B, n+1)
-        task = {"w": w, "exponents": self.exponents.to(dev)}
+        exponents = self.exponents.to(dev)
+        y_all = polynomial_values(x_all, w, exponents)  # (B, n+1)
+        task = {"w": w, "exponents": exponents}
         return Episode(
             x=x_all[:, :n], y=y_all[:, :n], x_query=x_all[:, n], y_query=y_all[:, n], task=task, batched=("w",)
         )

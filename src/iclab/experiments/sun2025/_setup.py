@@ -161,7 +161,7 @@ def model_base(cfg: BilinearSetup, d: int) -> dict[str, Any]:
 def block_losses(model: BilinearTransformer, episode: Episode) -> Tensor:
     """(L+1,) test loss of the ℓ-block sub-networks, ℓ = 0..L (App. H)."""
     assert episode.y_query is not None
-    return ((model.block_predictions(episode) - episode.y_query) ** 2).mean(-1)
+    return ((model.block_predictions(episode, fused=True) - episode.y_query) ** 2).mean(-1)
 
 
 def _block_loss_snapshot(model: BilinearTransformer, *, episode: Episode) -> dict[str, Tensor]:
