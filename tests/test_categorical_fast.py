@@ -22,6 +22,7 @@ from iclab.core import native as native_kernels
 from iclab.core.episode import Episode
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.models import _categorical_fast as fast
+from iclab.models._categorical_heads import softmax_cross_attention
 
 
 def _episode(B: int, n: int, d: int, C: int, seed: int, dtype: torch.dtype = F64) -> Episode:
@@ -262,3 +263,60 @@ def test_gd_softmax_fast_path_in_float32(native: bool, monkeypatch: pytest.Monke
     assert rel_diff(got[0], ref[0]) < 1e-5
     for g_fast, g_ref in zip(got[1], ref[1], strict=True):
         assert rel_diff(g_fast, g_ref) < 1e-4
+
+
+def _cross64(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, grad: torch.Tensor, fn=None):
+    """Output of Σ_c softmax_c(k_cᵀ q_j) v_c and the q, keys and values gradients, in float64 by the torch code (or
+    by ``fn`` in the inputs' dtype)."""
+    dt = F64 if fn is None else q.dtype
+    a = [t.detach().to(dt).requires_grad_() for t in (q, keys, values)]
+    o = (fn or softmax_cross_attention)(*a)
+    o.backward(grad.to(dt))
+    return [o.detach().double()] + [t.grad.double() for t in a]
+
+
+@pytest.mark.parametrize(("N", "C", "dk", "dm"), [(640, 25, 5, 5), (37, 7, 3, 9), (5, 64, 16, 16), (1, 1, 1, 1)])
+@pytest.mark.parametrize("native", [True, False])
+def test_cross_softmax_matches_the_float64_head(
+    N: int, C: int, dk: int, dm: int, native: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cross_softmax`` (the GD model's cross-attention, eq. 38-43; the C kernel for float32 where it is built, any
+    number of keys up to 64 and widths up to 16, tails of the 8-lane blocks): the output and the q, keys and values
+    gradients within float32 rounding of the float64 head; in float64 (torch code) equal to it to 1e-10."""
+    monkeypatch.setattr(fast, "NATIVE", native)
+    g = iclab.generator(N + 100 * C + dk)
+    q, keys = torch.randn(N, dk, generator=g, dtype=F64) * 2, torch.randn(C, dk, generator=g, dtype=F64)
+    values, grad = torch.randn(C, dm, generator=g, dtype=F64), torch.randn(N, dm, generator=g, dtype=F64)
+    ref = _cross64(q, keys, values, grad)
+    for dt, tol in ((F64, 1e-10), (F32, 5e-6)):
+        got = _cross64(q.to(dt), keys.to(dt), values.to(dt), grad, fast.cross_softmax)
+        for a, b in zip(got, ref, strict=True):
+            assert rel_diff(a, b) < tol
+
+
+def test_cross_softmax_threads_and_shared_keys_and_values() -> None:
+    """The C kernel: batched (B, T, d') queries, keys = values the same tensor (the GD model's W_e columns: both
+    gradients summed), split over 1 or 3 threads with the same numbers; more than 64 keys: the torch code."""
+    if fast.native() is None:
+        pytest.skip("the C kernel cannot be built here (no compiler or no AVX2); the torch code runs instead")
+    gen = iclab.generator(3)
+    F, W = torch.randn(4, 33, 5, generator=gen), torch.randn(25, 5, generator=gen)
+    grad = torch.randn(4, 33, 5, generator=gen)
+    outs = []
+    for threads in (1, 3):
+        torch_threads = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            f, w = F.clone().requires_grad_(), W.clone().requires_grad_()
+            o = fast.cross_softmax(f, w, w)
+            o.backward(grad)
+        finally:
+            torch.set_num_threads(torch_threads)
+        outs.append((o.detach(), f.grad, w.grad))
+        f64, w64 = F.double().requires_grad_(), W.double().requires_grad_()
+        softmax_cross_attention(f64, w64, w64).backward(grad.double())
+        for a, b in zip(outs[-1], (softmax_cross_attention(F.double(), W.double(), W.double()), f64.grad, w64.grad)):
+            assert rel_diff(a.double(), b) < 5e-6
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    assert rel_diff(outs[0][2], outs[1][2]) < 1e-6  # the threads' shares of dW are summed in another order
+    assert not fast._uses_native_cross(F, torch.randn(65, 5), torch.randn(65, 5))

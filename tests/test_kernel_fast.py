@@ -11,6 +11,8 @@ the fused one does not apply, the torch code where no C kernel can be built, and
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -186,3 +188,40 @@ def test_without_a_compiler_the_torch_code_runs(monkeypatch, tmp_path):
     y_tok, g_tok = _value_and_grads(model, ep, False)
     assert _rel(y, y_tok) < 1e-10
     assert all(_rel(g[k], g_tok[k]) < 1e-10 for k in g)
+
+
+@pytest.mark.parametrize("value", ["sparse", "label"])
+def test_strided_prompt_views_give_the_bits_of_contiguous_copies(value, path):
+    """An episode's x[:, :n], y[:, :n], x[:, n] are views of one (B, n + 1, ·) draw: the C kernel reads them by their
+    batch strides, with no copy, and gets the bits of contiguous copies (and of a sliced batch stride)."""
+    model = _model(("softmax", "exp"), value, 3, exp_logit_cap=1.5)
+    ep = _episode(batch=37)
+    assert not ep.x.is_contiguous()  # the case the strides are for
+    copied = dataclasses.replace(ep, x=ep.x.contiguous(), y=ep.y.contiguous(), x_query=ep.x_query.contiguous())
+    every_other = dataclasses.replace(ep, x=ep.x.repeat_interleave(2, 0)[::2], y=ep.y.repeat_interleave(2, 0)[::2],
+                                      x_query=ep.x_query.repeat_interleave(2, 0)[::2])  # fmt: skip
+    y0, g0 = _value_and_grads(model, ep, True)
+    for other in (copied, every_other):
+        y1, g1 = _value_and_grads(model, other, True)
+        assert torch.equal(y0, y1)
+        assert all(torch.equal(g0[k], g1[k]) for k in g0)
+
+
+@pytest.mark.parametrize("d", [3, 5])
+@pytest.mark.parametrize("acts", [("exp",), ("relu",), ("softmax",), ("softmax", "exp")], ids="-".join)
+@pytest.mark.parametrize("value", ["sparse", "label"])
+def test_every_kernel_instance_equals_the_token_pass(d, acts, value, path):
+    """The C kernel inlines a copy of its loops for d = 5 (and one per h̃ with one head and A free) and runs the
+    general loops elsewhere: each instance, with gradients (forward and backward) and without (the forward alone),
+    against the token pass to 1e-10 in float64."""
+    task = GaussianProcess.random_rotation(tuple(1.0 / (1 + k) for k in range(d)), generator=generator(0), kernel="exp")
+    ep = task.sample(21, 7, generator=generator(3), dtype=torch.float64)
+    cfg = KernelTransformerConfig(d=d, n_layers=3, activations=acts, value=value, init_std=0.4, exp_logit_cap=1.5)
+    model = KernelTransformer(cfg, generator=generator(1)).double()
+    y_fast, g_fast = _value_and_grads(model, ep, True)
+    y_tok, g_tok = _value_and_grads(model, ep, False)
+    assert _rel(y_fast, y_tok) < 1e-10
+    assert all(_rel(g_fast[k], g_tok[k]) < 1e-10 for k in g_tok)
+    with torch.no_grad():
+        model.fast = True
+        assert _rel(model(ep), y_tok) < 1e-10

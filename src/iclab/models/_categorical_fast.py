@@ -17,6 +17,10 @@ with free matrices; the softmax runs over the n context tokens, queries masked a
 * Cross-attention (eq. 38-44): the matrix chains are folded, logits ẽ (W_Q^cᵀ W_K^c W_e) and values
   W_eᵀ W_V^cᵀ P^cᵀ, one (D, C) and one (C, D) product per token.
 
+* The GD model's cross-attention over every context token (:func:`cross_softmax`, eq. 38-43: 5-wide queries, the
+  C = 25 columns of W_e as keys and values) runs, in float32 on the CPU, in the C kernel's ``cross_softmax_*``: eight
+  rows along the vector lanes, the weights recomputed in the backward instead of stored.
+
 The shared head runs, for float32 CPU rows 16 wide (§6.1: 15 padded), in the fused C kernel ``_kv_softmax.c`` (scores,
 softmax and both products per block of 6 query rows in L1; built on first use by :func:`native`; :data:`NATIVE` or
 ``ICLAB_NATIVE=0`` turns it off), else in chunks of torch batched products. Middle blocks of K ≥ 3 run the general
@@ -57,6 +61,8 @@ _P, _I = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES: dict[str, native_kernels.Signature] = {
     "kv_softmax_forward": ([_I] * 4 + [_P] * 5, _I),
     "kv_softmax_backward": ([_I] * 6 + [_P] * 7, _I),
+    "cross_softmax_forward": ([_I] * 5 + [_P] * 4, _I),
+    "cross_softmax_backward": ([_I] * 5 + [_P] * 7, _I),
 }
 
 
@@ -186,6 +192,63 @@ def shared_kv_softmax(q: Tensor, x: Tensor, u: Tensor) -> Tensor:
     """Σ_i softmax_i(q_jᵀ s_i) s_i with s_i = [x_i; u_i; 0] (keys = values): q (B, M, R), x (B, n, rx), u (B, n, ru)
     -> (B, M, R), R ≥ rx + ru, q's last R − rx − ru columns 0 (their outputs are 0). See :class:`_SharedKVSoftmax`."""
     return cast(Tensor, _SharedKVSoftmax.apply(q, x, u))  # Function.apply is unannotated
+
+
+class _CrossSoftmax(torch.autograd.Function):
+    """o_j = Σ_c softmax_c(k_cᵀ q_j) v_c (eq. 38-43) by the C kernel ``_kv_softmax.c`` (rows split over torch's
+    threads): q (N, dk), keys (C, dk), values (C, dm), float32 CPU. Nothing (N, C) is stored; the backward
+    recomputes the probabilities from q (dk-wide products, cheap) and sums the threads' shares of the keys' and values'
+    gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        q, keys, values = q.contiguous(), keys.contiguous(), values.contiguous()
+        (N, dk), (C, dm) = q.shape, values.shape
+        o = q.new_empty(N, dm)
+        _split(_lib().cross_softmax_forward, N, C, dk, dm, q, keys, values, o)
+        ctx.save_for_backward(q, keys, values)
+        return o
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, keys, values = ctx.saved_tensors
+        g = g.contiguous()
+        (N, dk), (C, dm) = q.shape, values.shape
+        k = max(1, min(torch.get_num_threads(), N))
+        cp = -(-C // 8) * 8
+        dq = torch.empty_like(q)
+        dkt, dvt = q.new_empty(k, dk, cp), q.new_empty(k, dm, cp)  # each thread's share, transposed and padded
+        bounds = [N * t // k for t in range(k + 1)]
+        fn, ptrs = _lib().cross_softmax_backward, [a.data_ptr() for a in (q, keys, values, g, dq)]
+
+        def run(t: int) -> int:
+            return int(fn(bounds[t], bounds[t + 1], C, dk, dm, *ptrs, dkt[t].data_ptr(), dvt[t].data_ptr()))
+
+        if any(map_on_threads(run, range(k))):
+            raise MemoryError("_kv_softmax.c could not allocate the cross-attention's gradient sums")
+        return dq, dkt.sum(0)[:, :C].T, dvt.sum(0)[:, :C].T
+
+
+def _uses_native_cross(q: Tensor, keys: Tensor, values: Tensor) -> bool:
+    ok = q.dtype == torch.float32 and q.device.type == "cpu" and keys.dtype == values.dtype == torch.float32
+    ok = ok and 1 <= q.shape[-1] <= 16 and values.shape[-1] <= 16 and keys.shape[0] <= 64
+    return NATIVE and NATIVE_CROSS and ok and native() is not None
+
+
+#: run :func:`cross_softmax` by the C kernel where it applies (and :data:`NATIVE`); False: always the torch code
+NATIVE_CROSS = True
+
+
+def cross_softmax(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    """Σ_c softmax_c(k_cᵀ q_j) v_c: q (..., dk), keys (C, dk), values (C, dm) -> (..., dm) (eq. 38-43), as
+    :func:`~iclab.models._categorical_heads.softmax_cross_attention`; by :class:`_CrossSoftmax` for float32 CPU
+    tensors at most 16 wide with at most 64 keys where the C kernel is built, else by torch (the same numbers to float
+    rounding). The fused kernel reads q and writes the output only: no (..., C) scores, probabilities or their
+    gradients go through memory (the GD model's cross-attention over every context token, §6.1)."""
+    if not _uses_native_cross(q, keys, values):
+        return torch.softmax(q @ keys.T, dim=-1) @ values
+    o = cast(Tensor, _CrossSoftmax.apply(q.reshape(-1, q.shape[-1]), keys, values))  # Function.apply is unannotated
+    return o.view(*q.shape[:-1], values.shape[-1])
 
 
 def _cross(blk: BlockWeights, W: Tensor, zt: Tensor) -> Tensor:

@@ -28,6 +28,39 @@
 
 enum { LINEAR = 0, RELU = 1, EXP = 2, SOFTMAX = 3 };
 enum { DMAX = 32, NMAX = 256 };
+#define KA_INLINE static inline __attribute__((always_inline))
+/* `call` (an expression in sp, the Spec it runs on) with sp = s, or where d = 5 (Cheng et al.'s experiments) on a
+   copy of s whose d, and with one head and A free also H, A != NULL and h̃, are constants of the inlined code: the
+   d-long loops over K's rows, g and the adjoints unroll into registers and the branches on h̃ and A leave the loops.
+   The same operations in the same order: the same bits. */
+#define KA_DISPATCH(s, call)                                                                                           \
+    do {                                                                                                               \
+        static const int one_[4][1] = {{LINEAR}, {RELU}, {EXP}, {SOFTMAX}};                                            \
+        if ((s)->d == 5 && (s)->H == 1 && (s)->A && (s)->acts[0] >= RELU && (s)->acts[0] <= SOFTMAX) {                 \
+            Spec c_ = *(s);                                                                                            \
+            const Spec *sp = &c_;                                                                                      \
+            c_.d = 5, c_.D = 6, c_.H = 1;                                                                              \
+            if (!c_.A) __builtin_unreachable();                                                                        \
+            if (c_.acts[0] == EXP) {                                                                                   \
+                c_.acts = one_[EXP];                                                                                   \
+                call;                                                                                                  \
+            } else if (c_.acts[0] == RELU) {                                                                           \
+                c_.acts = one_[RELU];                                                                                  \
+                call;                                                                                                  \
+            } else {                                                                                                   \
+                c_.acts = one_[SOFTMAX];                                                                               \
+                call;                                                                                                  \
+            }                                                                                                          \
+        } else if ((s)->d == 5) {                                                                                      \
+            Spec c_ = *(s);                                                                                            \
+            const Spec *sp = &c_;                                                                                      \
+            c_.d = 5, c_.D = 6;                                                                                        \
+            call;                                                                                                      \
+        } else {                                                                                                       \
+            const Spec *sp = (s);                                                                                      \
+            call;                                                                                                      \
+        }                                                                                                              \
+    } while (0)
 
 #define KA_REAL 32
 #include __FILE__
@@ -49,7 +82,7 @@ typedef struct {
 } NAME(Spec);
 #define Spec NAME(Spec)
 
-static int NAME(rows_of)(const Spec *s, int l) { return l == s->L - 1 ? 1 : s->T; }
+KA_INLINE int NAME(rows_of)(const Spec *s, int l) { return l == s->L - 1 ? 1 : s->T; }
 
 /* A group's scratch: per layer z_l (l >= 1), then per head P (Tt x n) and U (D x Tt). Writes where layer l's heads
    and z_l start (heads, zs: L entries each; zs[0] unused) and returns its size in vectors: the one walk of the layout
@@ -83,13 +116,15 @@ static void NAME(copy_kept)(const Spec *s, const long *heads, V *full, V *kept, 
     }
 }
 
-/* z_0 of prompts b0 … b0 + nb - 1 (lanes past nb are 0) as D x T vectors */
-static void NAME(gather)(const Spec *s, const real *x, const real *y, const real *xq, long b0, int nb, V *z) {
+/* z_0 of prompts b0 … b0 + nb - 1 (lanes past nb are 0) as D x T vectors; prompt b's x (n x d, rows contiguous), y
+   (n) and xq (d) start at x + b sx, y + b sy, xq + b sq (strides in reals: views of a wider prompt need no copy) */
+KA_INLINE void NAME(gather)(const Spec *s, const real *x, const real *y, const real *xq, const long *st, long b0, int nb,
+                         V *z) {
     int d = s->d, n = s->n, T = s->T;
     real *f = (real *)z;
     memset(z, 0, sizeof(V) * s->D * T);
     for (int w = 0; w < nb; w++) {
-        const real *xb = x + (b0 + w) * n * d, *yb = y + (b0 + w) * n, *qb = xq + (b0 + w) * d;
+        const real *xb = x + (b0 + w) * st[0], *yb = y + (b0 + w) * st[1], *qb = xq + (b0 + w) * st[2];
         for (int t = 0; t < n; t++) {
             for (int c = 0; c < d; c++) f[((long)c * T + t) * W + w] = xb[t * d + c];
             f[((long)d * T + t) * W + w] = yb[t];
@@ -99,7 +134,7 @@ static void NAME(gather)(const Spec *s, const real *x, const real *y, const real
 }
 
 /* g = Kᵀ x_j (d) */
-static inline void NAME(key_of)(const Spec *s, const real *K, const V *z, int j, V *g) {
+KA_INLINE void NAME(key_of)(const Spec *s, const real *K, const V *z, int j, V *g) {
     int d = s->d, T = s->T;
     for (int a = 0; a < d; a++) g[a] = ZERO;
     for (int c = 0; c < d; c++) {
@@ -109,7 +144,7 @@ static inline void NAME(key_of)(const Spec *s, const real *K, const V *z, int j,
 }
 
 /* P (n) = h̃(S_j·): the weights of target j's sources */
-static inline void NAME(weights)(const Spec *s, int act, const V *g, const V *z, V *P) {
+KA_INLINE void NAME(weights)(const Spec *s, int act, const V *g, const V *z, V *P) {
     int d = s->d, n = s->n, T = s->T;
     for (int i = 0; i < n; i++) {
         V acc = MUL(g[0], LD(z + i));
@@ -127,7 +162,7 @@ static inline void NAME(weights)(const Spec *s, int act, const V *g, const V *z,
 }
 
 /* a group through every layer: P (unless have_P: already in the scratch st), U and z_{l+1} into st; z_L in zn */
-static void NAME(forward_group)(const Spec *s, const V *z, V *zn, V *st, int have_P) {
+KA_INLINE void NAME(forward_group)(const Spec *s, const V *z, V *zn, V *st, int have_P) {
     int L = s->L, H = s->H, d = s->d, D = s->D, T = s->T, n = s->n;
     V g[DMAX], u[DMAX + 1];
     for (int l = 0; l < L; l++) {
@@ -172,7 +207,7 @@ static void NAME(forward_group)(const Spec *s, const V *z, V *zn, V *st, int hav
 }
 
 /* a group's adjoints from gz = dL/dz_L back to z_1, with the parameter gradients summed in accK, accA, accr */
-static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const long *heads, const long *zs, V *gz,
+KA_INLINE void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const long *heads, const long *zs, V *gz,
                                  V *gin, V *accK, V *accA, V *accr) {
     int L = s->L, H = s->H, d = s->d, D = s->D, T = s->T, n = s->n;
     V g[DMAX], gu[DMAX + 1], gzj[DMAX + 1], gg[DMAX], gS[NMAX];
@@ -203,7 +238,10 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
                         gu[c] = MUL(scale, acc);
                     }
                 V rowdot = ZERO; /* Σ_i P_ji dP_ji = Σ_c gu_c u_c (softmax) */
-                for (int c = c0; c < D; c++) rowdot = FMA(gu[c], U[c * Tt + jj], rowdot);
+                if (act == SOFTMAX)
+                    for (int c = c0; c < D; c++) rowdot = FMA(gu[c], U[c * Tt + jj], rowdot);
+                int covs = need_gin && A; /* the sources' covariate adjoints through S too, in the same pass */
+                if (covs) NAME(key_of)(s, K, z, j, g);
                 for (int i = 0; i < n; i++) {
                     V acc = MUL(gu[c0], LD(z + c0 * T + i)), p = Pj[i]; /* dP_ji = gu · z_i */
                     for (int c = c0 + 1; c < D; c++) acc = FMA(gu[c], LD(z + c * T + i), acc);
@@ -214,8 +252,10 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
                     else if (act == RELU)
                         acc = KEEP_GT(acc, p, ZERO);
                     gS[i] = acc;
+                    if (covs) /* gin_ci += P_ji gu_c + dS_ji g_c: one pass over gin, the two sums in this order */
+                        for (int c = 0; c < d; c++) gin[c * T + i] = FMA(acc, g[c], FMA(p, gu[c], gin[c * T + i]));
                     if (need_gin)
-                        for (int c = c0; c < D; c++) gin[c * T + i] = FMA(p, gu[c], gin[c * T + i]);
+                        for (int c = covs ? d : c0; c < D; c++) gin[c * T + i] = FMA(p, gu[c], gin[c * T + i]);
                 }
                 for (int a = 0; a < d; a++) { /* gg = Σ_i dS_ji x_i: dK += x_j ggᵀ */
                     V acc0 = MUL(gS[0], LD(z + a * T)), acc1 = ZERO;
@@ -231,16 +271,12 @@ static void NAME(backward_group)(const Spec *s, const V *z0, const V *st, const 
                     V xc = LD(z + c * T + j);
                     for (int a = 0; a < d; a++) aK[c * d + a] = FMA(xc, gg[a], aK[c * d + a]);
                 }
-                if (need_gin && A) { /* the covariates' adjoints: sources through S, the target through g = Kᵀ x_j */
-                    NAME(key_of)(s, K, z, j, g);
-                    for (int a = 0; a < d; a++)
-                        for (int i = 0; i < n; i++) gin[a * T + i] = FMA(gS[i], g[a], gin[a * T + i]);
+                if (covs) /* the target's covariate adjoint through g = Kᵀ x_j */
                     for (int c = 0; c < d; c++) {
                         V acc = gin[c * T + j];
                         for (int a = 0; a < d; a++) acc = FMA(SET1(K[c * d + a]), gg[a], acc);
                         gin[c * T + j] = acc;
                     }
-                }
             }
         }
         if (need_gin) {
@@ -275,11 +311,27 @@ static V *NAME(scratch)(const Spec *s, long **heads, long before) {
     return buf;
 }
 
-/* out (B) from x (B x n x d), y (B x n), xq (B x d), and (kept != NULL) the weights for ka_backward;
-   0, 1 if out of memory, 2 if d > DMAX or n > NMAX */
+/* ka_forward's groups in the scratch z0, zn (2 D x T vectors at buf) and full */
+KA_INLINE void NAME(forward_groups)(const Spec *s, const long *heads, V *buf, long kv, int B, const real *x,
+                                    const real *y, const real *xq, const long *strides, real *out, real *kept) {
+    long zv = (long)s->D * s->T;
+    V *z0 = buf, *zn = buf + zv, *full = buf + 2 * zv;
+    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(s, x, y, xq, strides, b0, nb, z0);
+        NAME(forward_group)(s, z0, zn, full, 0);
+        if (kept) NAME(copy_kept)(s, heads, full, (V *)kept + gi * kv, 0);
+        real o[W];
+        STOREU(o, zn[s->d * s->T + s->n]);
+        for (int w = 0; w < nb; w++) out[b0 + w] = o[w];
+    }
+}
+
+/* out (B) from x (B x n x d), y (B x n), xq (B x d) (prompt strides: gather), and (kept != NULL) the weights for
+   ka_backward; 0, 1 if out of memory, 2 if d > DMAX or n > NMAX */
 int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
-                     real scale, int has_cap, real cap, const real *x, const real *y, const real *xq, real *out,
-                     real *kept) {
+                     real scale, int has_cap, real cap, const real *x, const real *y, const real *xq,
+                     const long *strides, real *out, real *kept) {
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
     long *heads, kv = NAME(kept_vectors)(&s), zv = (long)s.D * s.T;
@@ -287,16 +339,7 @@ int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const r
     if (!buf) return 1;
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
-    V *z0 = buf, *zn = buf + zv, *full = buf + 2 * zv;
-    for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
-        int nb = B - b0 < W ? (int)(B - b0) : W;
-        NAME(gather)(&s, x, y, xq, b0, nb, z0);
-        NAME(forward_group)(&s, z0, zn, full, 0);
-        if (kept) NAME(copy_kept)(&s, heads, full, (V *)kept + gi * kv, 0);
-        real o[W];
-        STOREU(o, zn[d * s.T + n]);
-        for (int w = 0; w < nb; w++) out[b0 + w] = o[w];
-    }
+    KA_DISPATCH(&s, NAME(forward_groups)(sp, heads, buf, kv, B, x, y, xq, strides, out, kept));
     free(heads), free(buf), _mm_setcsr(csr);
     return 0;
 }
@@ -305,15 +348,15 @@ int NAME(ka_forward)(int B, int L, int H, int d, int n, const int *acts, const r
    vectors at buf) and full. gout != NULL: dL/d(out) = gout, the lanes' gradients summed into acc (K, A, r:
    2 L H d² + L H vectors); gout == NULL: dL/d(out) = 1 in every used lane, each group's into its own row of acc, and
    out written. */
-static void NAME(groups_backward)(const Spec *s, const long *heads, V *buf, V *full, int B, const real *x,
-                                  const real *y, const real *xq, const real *kept, const real *gout, real *out,
-                                  V *acc) {
+KA_INLINE void NAME(groups_body)(const Spec *s, const long *heads, V *buf, V *full, int B, const real *x, const real *y,
+                                const real *xq, const long *strides, const real *kept, const real *gout, real *out,
+                                V *acc) {
     int L = s->L, d = s->d, n = s->n, T = s->T;
     long zv = (long)s->D * T, kv = NAME(kept_vectors)(s), pv = (long)L * s->H * d * d, nw = 2 * pv + L * s->H;
     V *z0 = buf, *zn = buf + zv, *gz = buf + 2 * zv, *gin = buf + 3 * zv;
     for (long b0 = 0, gi = 0; b0 < B; b0 += W, gi++) {
         int nb = B - b0 < W ? (int)(B - b0) : W;
-        NAME(gather)(s, x, y, xq, b0, nb, z0);
+        NAME(gather)(s, x, y, xq, strides, b0, nb, z0);
         if (kept) NAME(copy_kept)(s, heads, full, (V *)kept + gi * kv, 1);
         NAME(forward_group)(s, z0, zn, full, kept != NULL);
         real seed[W] = {0}, o[W];
@@ -332,12 +375,18 @@ static void NAME(groups_backward)(const Spec *s, const long *heads, V *buf, V *f
     }
 }
 
+static void NAME(groups_backward)(const Spec *s, const long *heads, V *buf, V *full, int B, const real *x,
+                                  const real *y, const real *xq, const long *strides, const real *kept,
+                                  const real *gout, real *out, V *acc) {
+    KA_DISPATCH(s, NAME(groups_body)(sp, heads, buf, full, B, x, y, xq, strides, kept, gout, out, acc));
+}
+
 /* gK, gA (L x H x d x d; A == NULL: not touched), gr (L x H) += the gradients of Σ_b gout_b out_b, the forward
    replayed per group from the kept weights (only the products) or in full (kept == NULL); 0, 1 if out of memory,
    2 if d > DMAX or n > NMAX */
 int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
                       real scale, int has_cap, real cap, const real *x, const real *y, const real *xq,
-                      const real *kept, const real *gout, real *gK, real *gA, real *gr) {
+                      const long *strides, const real *kept, const real *gout, real *gK, real *gA, real *gr) {
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
     long *heads, zv = (long)s.D * s.T, pv = (long)L * H * d * d, nw = 2 * pv + L * H;
@@ -347,7 +396,7 @@ int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const 
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
     V *acc = buf + 4 * zv;
     memset(acc, 0, sizeof(V) * nw);
-    NAME(groups_backward)(&s, heads, buf, acc + nw, B, x, y, xq, kept, gout, NULL, acc);
+    NAME(groups_backward)(&s, heads, buf, acc + nw, B, x, y, xq, strides, kept, gout, NULL, acc);
     for (long i = 0; i < pv; i++) gK[i] += NAME(lanes_sum)(acc[i]);
     if (A)
         for (long i = 0; i < pv; i++) gA[i] += scale * NAME(lanes_sum)(acc[pv + i]);
@@ -360,8 +409,8 @@ int NAME(ka_backward)(int B, int L, int H, int d, int n, const int *acts, const 
    in ka_backward's layout, A's and r's without the factor s, which ka_vjp applies), so that ka_vjp is the whole
    backward of a step, with no replay. 0, 1 if out of memory, 2 if d > DMAX or n > NMAX */
 int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const real *K, const real *A, const real *r,
-                      real scale, int has_cap, real cap, const real *x, const real *y, const real *xq, real *out,
-                      real *J) {
+                      real scale, int has_cap, real cap, const real *x, const real *y, const real *xq,
+                      const long *strides, real *out, real *J) {
     if (d > DMAX || n > NMAX) return 2;
     Spec s = NAME(spec)(L, H, d, n, acts, K, A, r, scale, has_cap, cap);
     long *heads, zv = (long)s.D * s.T;
@@ -369,7 +418,7 @@ int NAME(ka_jacobian)(int B, int L, int H, int d, int n, const int *acts, const 
     if (!buf) return 1;
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
-    NAME(groups_backward)(&s, heads, buf, buf + 4 * zv, B, x, y, xq, NULL, NULL, out, (V *)J);
+    NAME(groups_backward)(&s, heads, buf, buf + 4 * zv, B, x, y, xq, strides, NULL, NULL, out, (V *)J);
     free(heads), free(buf), _mm_setcsr(csr);
     return 0;
 }

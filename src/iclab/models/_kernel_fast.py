@@ -64,9 +64,9 @@ _SIGNATURES = native_kernels.per_real(
     lambda R: {
         "ka_lanes": ([], _I),
         "ka_kept": ([_I] * 5, ctypes.c_long),
-        "ka_forward": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I),
-        "ka_backward": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 8, _I),
-        "ka_jacobian": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 5, _I),
+        "ka_forward": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 6, _I),
+        "ka_backward": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 9, _I),
+        "ka_jacobian": ([_I] * 5 + [_P] * 4 + [R, _I, R] + [_P] * 6, _I),
         "ka_vjp": ([_I] * 5 + [R] + [_P] * 5, _I),
     }
 )
@@ -304,7 +304,7 @@ class _NativeStack(torch.autograd.Function):
     ) -> Tensor:
         n, acts, scale, cap, chunk, has_A, grad = meta
         lib = native()
-        x, y, xq = x.contiguous(), y.contiguous(), xq.contiguous()
+        (x, y, xq), strides = _prompt_rows(x, y, xq)
         K, A, r = K.detach().contiguous(), A.detach().contiguous(), r.detach().contiguous()
         L, H, d = K.shape[:3]
         codes = torch.tensor([ACT_CODES[a] for a in acts], dtype=torch.int32)
@@ -327,12 +327,12 @@ class _NativeStack(torch.autograd.Function):
 
         def run(p: int) -> int:
             s, e = bounds[p]
-            data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr())
+            data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr(), strides.data_ptr())
             return forward(e - s, *common, *data, out[s:e].data_ptr(), _ptr(states[p]))
 
         _check(map_on_threads(run, range(len(bounds))))
         ctx.meta, ctx.states, ctx.bounds, ctx.common, ctx.codes, ctx.tag = meta, states, bounds, common, codes, tag
-        ctx.jacobian = jacobian
+        ctx.jacobian, ctx.strides = jacobian, strides
         ctx.save_for_backward(x, y, xq, K, A, r)
         return out
 
@@ -352,7 +352,7 @@ class _NativeStack(torch.autograd.Function):
             if ctx.jacobian:
                 code = vjp(e - s, L, H, d, has_A, scale, ctx.states[p].data_ptr(), grad[s:e].data_ptr(), *grads)
             else:
-                data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr())
+                data = (x[s:e].data_ptr(), y[s:e].data_ptr(), xq[s:e].data_ptr(), ctx.strides.data_ptr())
                 code = backward(e - s, *common, *data, _ptr(ctx.states[p]), grad[s:e].data_ptr(), *grads)
             _check([code])
             return gK, gA, gr
@@ -361,6 +361,21 @@ class _NativeStack(torch.autograd.Function):
         ctx.states = None
         sums = [torch.stack(g).sum(0) for g in zip(*parts, strict=True)]
         return None, None, None, sums[0], sums[1] if has_A else None, sums[2], None
+
+
+def _prompt_rows(x: Tensor, y: Tensor, xq: Tensor) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+    """x (B, n, d), y (B, n), xq (B, d) as the C kernel reads them, with their prompt strides (3,) as C longs: a view
+    whose rows are contiguous within a prompt (an episode's x[:, :n] of a (B, n + 1, d) draw) is passed as it is, with
+    its batch stride; anything else is copied contiguous. Saves a strided copy of the covariates every step."""
+    d = x.shape[-1]
+
+    def rows(t: Tensor, inner: tuple[int, ...]) -> Tensor:
+        ok = all(size == 1 or stride == want for size, stride, want in zip(t.shape[1:], t.stride()[1:], inner))
+        return t if ok else t.contiguous()
+
+    x, y, xq = rows(x, (d, 1)), rows(y, (1,)), rows(xq, (1,))
+    strides = torch.tensor([t.stride(0) if t.shape[0] > 1 else 0 for t in (x, y, xq)], dtype=torch.long)
+    return (x, y, xq), strides
 
 
 def _ptr(t: Tensor | None) -> int | None:

@@ -219,3 +219,119 @@ int kv_softmax_backward(int b0, int b1, int M, int n, int c0, int w, const float
     free(acc);
     return 0;
 }
+
+/* Softmax cross-attention to a few keys (the GD model's cross-attention to the class embeddings, eq. 38-43):
+   o_j = Σ_c p_jc v_c, p_jc = softmax_c(k_cᵀ q_j), rows j in [r0, r1) of q (rows x dk), keys (nc x dk), values
+   (nc x dm), o (rows x dm), float32, dk, dm ≤ XK and nc ≤ XC. Eight rows run along the vector lanes (a ragged last
+   block padded with zero rows), the classes one after another, so no horizontal sums or dependent chains per row;
+   nothing (rows x nc) is stored: the backward recomputes p from q. */
+#define XK 16
+#define XC 64
+
+/* the rows [j0, j0 + rows) of a (· x w) row-major matrix, transposed into w vectors of 8 lanes (0 past rows) */
+static void lanes_in(const float *a, int j0, int rows, int w, __m256 *out) {
+    float t[XK * 8] = {0};
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < w; c++) t[c * 8 + r] = a[(size_t)(j0 + r) * w + c];
+    for (int c = 0; c < w; c++) out[c] = _mm256_loadu_ps(t + c * 8);
+}
+
+static void lanes_out(const __m256 *v, int j0, int rows, int w, float *a) {
+    float t[XK * 8];
+    for (int c = 0; c < w; c++) _mm256_storeu_ps(t + c * 8, v[c]);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < w; c++) a[(size_t)(j0 + r) * w + c] = t[c * 8 + r];
+}
+
+/* p[c] = softmax_c(k_cᵀ q) for the 8 rows in qv (dk vectors) */
+static void cross_probs(int nc, int dk, const float *keys, const __m256 *qv, __m256 *p) {
+    __m256 mx = _mm256_set1_ps(-INFINITY), sum = _mm256_setzero_ps();
+    for (int c = 0; c < nc; c++) {
+        __m256 acc = _mm256_mul_ps(qv[0], _mm256_set1_ps(keys[c * dk]));
+        for (int a = 1; a < dk; a++) acc = _mm256_fmadd_ps(qv[a], _mm256_set1_ps(keys[c * dk + a]), acc);
+        p[c] = acc;
+        mx = _mm256_max_ps(mx, acc);
+    }
+    for (int c = 0; c < nc; c++) {
+        p[c] = exp_ps(_mm256_sub_ps(p[c], mx));
+        sum = _mm256_add_ps(sum, p[c]);
+    }
+    const __m256 f = _mm256_div_ps(_mm256_set1_ps(1.0f), sum);
+    for (int c = 0; c < nc; c++) p[c] = _mm256_mul_ps(p[c], f);
+}
+
+int cross_softmax_forward(int r0, int r1, int nc, int dk, int dm, const float *q, const float *keys,
+                          const float *values, float *o) {
+    if (dk > XK || dm > XK || nc > XC || dk < 1) return 2;
+    __m256 qv[XK], p[XC], ov[XK];
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    for (int j0 = r0; j0 < r1; j0 += 8) {
+        const int rows = r1 - j0 < 8 ? r1 - j0 : 8;
+        lanes_in(q, j0, rows, dk, qv);
+        cross_probs(nc, dk, keys, qv, p);
+        for (int b = 0; b < dm; b++) ov[b] = _mm256_setzero_ps();
+        for (int c = 0; c < nc; c++)
+            for (int b = 0; b < dm; b++) ov[b] = _mm256_fmadd_ps(p[c], _mm256_set1_ps(values[c * dm + b]), ov[b]);
+        lanes_out(ov, j0, rows, dm, o);
+    }
+    _mm_setcsr(csr);
+    return 0;
+}
+
+/* Backward for rows [r0, r1) given g = dL/do (rows x dm): dq (rows x dk), and this slice's share of the keys' and
+   values' gradients, transposed and padded: dkt (dk x np), dvt (dm x np), np = nc rounded up to 8 (overwritten).
+   dP = g Vᵀ, dS = P ⊙ (dP − Σ_c p_c dP_c) (torch's softmax backward), dq = dS K, dK = dSᵀ q, dV = Pᵀ g; the
+   keys' and values' gradients are summed per lane and the lanes added at the end. */
+int cross_softmax_backward(int r0, int r1, int nc, int dk, int dm, const float *q, const float *keys,
+                           const float *values, const float *g, float *dq, float *dkt, float *dvt) {
+    if (dk > XK || dm > XK || nc > XC || dk < 1) return 2;
+    const int np = (nc + 7) / 8 * 8;
+    __m256 *acc_k = aligned_alloc(32, sizeof(__m256) * nc * dk), *acc_v = aligned_alloc(32, sizeof(__m256) * nc * dm);
+    if (!acc_k || !acc_v) {
+        free(acc_k);
+        free(acc_v);
+        return 1;
+    }
+    for (int i = 0; i < nc * dk; i++) acc_k[i] = _mm256_setzero_ps();
+    for (int i = 0; i < nc * dm; i++) acc_v[i] = _mm256_setzero_ps();
+    __m256 qv[XK], gv[XK], p[XC], ds[XC], dqv[XK];
+    unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    for (int j0 = r0; j0 < r1; j0 += 8) {
+        const int rows = r1 - j0 < 8 ? r1 - j0 : 8;
+        lanes_in(q, j0, rows, dk, qv);
+        lanes_in(g, j0, rows, dm, gv); /* padded rows: g = 0, so they add nothing */
+        cross_probs(nc, dk, keys, qv, p);
+        __m256 dot = _mm256_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            __m256 dp = _mm256_mul_ps(gv[0], _mm256_set1_ps(values[c * dm]));
+            acc_v[c * dm] = _mm256_fmadd_ps(p[c], gv[0], acc_v[c * dm]);
+            for (int b = 1; b < dm; b++) {
+                dp = _mm256_fmadd_ps(gv[b], _mm256_set1_ps(values[c * dm + b]), dp);
+                acc_v[c * dm + b] = _mm256_fmadd_ps(p[c], gv[b], acc_v[c * dm + b]);
+            }
+            ds[c] = dp;
+            dot = _mm256_fmadd_ps(p[c], dp, dot);
+        }
+        for (int a = 0; a < dk; a++) dqv[a] = _mm256_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const __m256 d = _mm256_mul_ps(p[c], _mm256_sub_ps(ds[c], dot));
+            for (int a = 0; a < dk; a++) {
+                dqv[a] = _mm256_fmadd_ps(d, _mm256_set1_ps(keys[c * dk + a]), dqv[a]);
+                acc_k[c * dk + a] = _mm256_fmadd_ps(d, qv[a], acc_k[c * dk + a]);
+            }
+        }
+        lanes_out(dqv, j0, rows, dk, dq);
+    }
+    memset(dkt, 0, sizeof(float) * dk * np);
+    memset(dvt, 0, sizeof(float) * dm * np);
+    for (int c = 0; c < nc; c++) {
+        for (int a = 0; a < dk; a++) dkt[a * np + c] = hsum(acc_k[c * dk + a]);
+        for (int b = 0; b < dm; b++) dvt[b * np + c] = hsum(acc_v[c * dm + b]);
+    }
+    _mm_setcsr(csr);
+    free(acc_k);
+    free(acc_v);
+    return 0;
+}

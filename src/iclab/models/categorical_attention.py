@@ -188,7 +188,7 @@ class _EmbeddingModel(nn.Module):
         # the query label too: the loss and the metrics index the logits with it
         for field, labels in (("labels", episode.labels), ("label_query", episode.label_query)):
             if labels is not None:
-                lo, hi = int(labels.min()), int(labels.max())
+                lo, hi = (int(v) for v in torch.aminmax(labels))  # one pass over the labels (every training batch)
                 require(name, field, lo >= 0 and hi < cfg.num_classes, f"in [0, C = {cfg.num_classes})",
                         f"values in [{lo}, {hi}]")  # fmt: skip
         if episode.dtype != self.W_free.dtype:
@@ -467,7 +467,7 @@ class CategoricalTransformer(_EmbeddingModel):
             if not last:
                 dc = alpha * o[:, :n]
                 F_ctx = dc if F_ctx is None else F_ctx + dc
-                E = softmax_cross_attention(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}
+                E = fast.cross_softmax(F_ctx, W, W)  # erasure then cross-attention: E(w_e)|_{f_{k+1}}, fused
         assert F_q is not None  # K ≥ 1
         return F_q @ self.W_e
 
