@@ -118,8 +118,8 @@ static void NAME(copy_kept)(const Spec *s, const long *heads, V *full, V *kept, 
 
 /* z_0 of prompts b0 … b0 + nb - 1 (lanes past nb are 0) as D x T vectors; prompt b's x (n x d, rows contiguous), y
    (n) and xq (d) start at x + b sx, y + b sy, xq + b sq (strides in reals: views of a wider prompt need no copy) */
-KA_INLINE void NAME(gather)(const Spec *s, const real *x, const real *y, const real *xq, const long *st, long b0, int nb,
-                         V *z) {
+KA_INLINE void NAME(gather)(const Spec *s, const real *x, const real *y, const real *xq, const long *st, long b0,
+                            int nb, V *z) {
     int d = s->d, n = s->n, T = s->T;
     real *f = (real *)z;
     memset(z, 0, sizeof(V) * s->D * T);
