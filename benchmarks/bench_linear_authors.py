@@ -26,10 +26,8 @@ import argparse
 import dataclasses
 import functools
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,7 @@ from iclab.models import LinearTransformer, LinearTransformerConfig, SeparateAtt
 from iclab.tasks import LinearRegression
 from iclab.tasks.linear_regression import AHN2023_SPECTRUM, rotated_covariance
 from iclab.training import TrainConfig, full_batch_gd, train
-from peers import loadavg, peer_missing, peer_provenance, run_peer
+from peers import alternate, loadavg, peer_missing, peer_provenance, run_peer
 
 AHN_PEER, ZHANG_PEER = "LinearTransformer", "linattn-icl"
 #: the authors' notebooks' settings (../shared/peer-bench/bench_lineartransformer.py CONFIGS), as TrainConfig
@@ -72,25 +70,6 @@ def ahn_step_ms(which: str, pattern: str, steps: int) -> float:
     return (time.perf_counter() - t0) / steps * 1e3
 
 
-def alternate(ours: dict[str, Callable[[], float]], theirs: Callable[[], float] | None, rounds: int) -> dict[str, Any]:
-    """Each round: the authors' step once, then each of ``ours`` (ms per step each); medians and ratios per key."""
-    times: dict[str, list[float]] = {k: [] for k in ours}
-    peer: list[float] = []
-    for _ in range(rounds):
-        if theirs is not None:
-            peer.append(theirs())
-        for key, fn in ours.items():
-            times[key].append(fn())
-    out: dict[str, Any] = {}
-    for key, ts in times.items():
-        row: dict[str, Any] = {"iclab_ms": [round(t, 3) for t in ts], "iclab_median_ms": statistics.median(ts)}
-        if peer:
-            row.update(authors_ms=[round(t, 2) for t in peer], authors_median_ms=statistics.median(peer))
-            row["ratio"] = row["authors_median_ms"] / row["iclab_median_ms"]
-        out[key] = row
-    return out
-
-
 def ahn_rows(which: str, rounds: int, steps: int, threads: int) -> dict[str, Any]:
     missing = peer_missing(AHN_PEER)
 
@@ -100,7 +79,7 @@ def ahn_rows(which: str, rounds: int, steps: int, threads: int) -> dict[str, Any
         return float(out["amortized_step_ms"])  # type: ignore[arg-type]
 
     ours = {p: functools.partial(ahn_step_ms, which, p, steps) for p in PATTERNS}
-    rows = alternate(ours, None if missing else theirs, rounds)
+    rows = alternate(ours, None if missing else theirs, rounds=rounds)
     print(which, json.dumps(rows))
     return {"settings": {k: list(v) if isinstance(v, tuple) else v for k, v in AHN[which].items()}, **rows}
 
@@ -125,7 +104,7 @@ def zhang_rows(rounds: int, threads: int) -> dict[str, Any]:
         "moments": functools.partial(epoch_ms, "moments", ZHANG_EPOCHS),
         "samples": functools.partial(epoch_ms, "samples", 20),
     }
-    rows = alternate(ours, None if missing else theirs, rounds)
+    rows = alternate(ours, None if missing else theirs, rounds=rounds)
     print("fig3", json.dumps(rows))
     return rows
 

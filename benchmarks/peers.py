@@ -53,21 +53,33 @@ def side_by_side(ours: Callable[[], float], peer: Callable[[], float] | None, *,
 
     ``peer`` None (its code is not set up): only our side is timed, and ``ratio`` is None.
     """
-    mine: list[float] = []
+    return alternate({"iclab": ours}, peer, rounds=rounds)["iclab"]
+
+
+def alternate(
+    ours: dict[str, Callable[[], float]], peer: Callable[[], float] | None, *, rounds: int = 3
+) -> dict[str, dict[str, object]]:
+    """Each round: ``peer()`` once, then each of ``ours`` (ms per step each); per key of ``ours`` the medians and
+    the ratio to the authors' median (None without ``peer``), as :func:`side_by_side` gives for one."""
+    mine: dict[str, list[float]] = {k: [] for k in ours}
     theirs: list[float] = []
     for _ in range(rounds):
         if peer is not None:
             theirs.append(peer())
-        mine.append(ours())
-    out: dict[str, object] = {"iclab_ms": [round(t, 2) for t in mine], "iclab_median_ms": statistics.median(mine)}
-    if theirs:
-        out.update(
-            authors_ms=[round(t, 2) for t in theirs],
-            authors_median_ms=statistics.median(theirs),
-            ratio=statistics.median(theirs) / statistics.median(mine),
-        )
-    else:
-        out["ratio"] = None
+        for key, fn in ours.items():
+            mine[key].append(fn())
+    out: dict[str, dict[str, object]] = {}
+    for key, ts in mine.items():
+        row: dict[str, object] = {"iclab_ms": [round(t, 3) for t in ts], "iclab_median_ms": statistics.median(ts)}
+        if theirs:
+            row.update(
+                authors_ms=[round(t, 2) for t in theirs],
+                authors_median_ms=statistics.median(theirs),
+                ratio=statistics.median(theirs) / statistics.median(ts),
+            )
+        else:
+            row["ratio"] = None
+        out[key] = row
     return out
 
 
