@@ -21,6 +21,7 @@ import pytest
 from iclab.core import native, symabs
 from iclab.models import _bilinear_fast, _categorical_fast, _kernel_fast, _moment_fast, _query_fast
 from iclab.tasks import polynomial
+from iclab.training import _reduced_flow, lbfgs
 
 pytestmark = pytest.mark.skipif(
     native.find_compiler() is None or platform.machine().lower() not in ("x86_64", "amd64"),
@@ -36,6 +37,8 @@ KERNELS = {
     "moment_attn": (_moment_fast, {"DIM": 6}),
     "sym_abs": (symabs, {}),
     "polynomial": (polynomial, {}),
+    "lbfgs": (lbfgs, {}),
+    "reduced_flow": (_reduced_flow, {}),
 }
 
 #: C scalar types as ctypes has them (qualifiers dropped); every pointer is "pointer"

@@ -366,3 +366,24 @@ def test_an_ensemble_refuses_per_group_clipping() -> None:
 def test_bad_clip_rules(kw: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         _cfg(**kw)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_the_foreach_optimiser_gives_the_bits_of_the_per_tensor_loop(optimizer, monkeypatch) -> None:
+    """make_optimizer's foreach Adam / AdamW: the same run, bit for bit, as torch's per-tensor loop (its CPU default)."""
+    from iclab.training import optim, trainer
+
+    cfg = _cfg(optimizer=optimizer, weight_decay=0.01, betas=(0.99, 0.9), schedule="cosine", warmup_steps=5)
+    fast = train(_model(), SAMPLE, cfg)
+    per_tensor = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer]
+
+    def loop(params, c):  # type: ignore[no-untyped-def]
+        kw = dict(lr=c.lr, betas=c.betas, eps=c.eps, weight_decay=c.weight_decay, foreach=False)
+        return per_tensor(params, **kw)
+
+    monkeypatch.setattr(trainer, "make_optimizer", loop)
+    monkeypatch.setattr(optim, "make_optimizer", loop)
+    slow = train(_model(), SAMPLE, cfg)
+    assert fast.history == slow.history
+    for p, q in zip(fast.model.parameters(), slow.model.parameters(), strict=True):
+        assert torch.equal(p, q)

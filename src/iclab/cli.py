@@ -611,6 +611,9 @@ DOCTOR_KERNELS = (
     ("Zhang et al.'s query row, d = 4", "iclab.models._query_fast", (5,)),
     ("Ahn et al.'s linear stack (moment form), d = 5", "iclab.models._moment_fast", (6,)),
     ("|K| and Cholesky label draws", "iclab.core.symabs", ()),
+    ("Sun et al.'s polynomial labels", "iclab.tasks.polynomial", ()),
+    ("the L-BFGS two-loop recursion", "iclab.training.lbfgs", ()),
+    ("Zhang et al.'s reduced separate-head flow", "iclab.training._reduced_flow", ()),
 )
 
 

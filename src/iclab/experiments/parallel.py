@@ -40,16 +40,20 @@ from iclab.training.stop import Stopped
 LONGEST_AT_QUICK = (
     "wang2025.language",
     "sun2025.fig2",
-    "zhang2025.fig14",
-    "zhang2025.fig12",
-    "wang2025.fig2",
-    "zhang2025.fig9",
-    "ahn2023.fig6",
-    "ahn2023.fig3",
-    "ahn2023.fig7",
-    "zhang2025.fig1",
     "sun2025.linear_depth",
     "cheng2024.fig1",
+    "wang2025.appf",
+    "ahn2023.fig7",
+    "ahn2023.fig1",
+    "ahn2023.fig3",
+    "sun2025.fig1",
+    "wang2025.fig4_right",
+    "sun2025.order_ablation",
+    "wang2025.fig2_rbf",
+    "cheng2024.fig5",
+    "ahn2023.isotropic",
+    "wang2025.fig4_left",
+    "cheng2024.fig6",
 )
 
 

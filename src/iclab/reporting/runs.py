@@ -43,8 +43,16 @@ def _card_config(name: str, preset: str) -> tuple[str, str] | None:
         cfg = resolve_config(exp, preset)
     except (IclabError, KeyError, TypeError, ValueError):
         return None
-    plain = yaml.safe_load(yaml.safe_dump(to_dict(cfg), sort_keys=False))  # tuples as lists, as config.yaml has them
-    return f"{preset}-{config_hash(cfg)}", json.dumps(plain, sort_keys=True, default=str)
+    return f"{preset}-{config_hash(cfg)}", json.dumps(_as_loaded(to_dict(cfg)), sort_keys=True, default=str)
+
+
+def _as_loaded(value: Any) -> Any:
+    """``value`` as its config.yaml reads back: tuples as lists (what a YAML dump and load would give, without them)."""
+    if isinstance(value, dict):
+        return {k: _as_loaded(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_loaded(v) for v in value]
+    return value
 
 
 def card_run_name(name: str, preset: str) -> str | None:

@@ -112,6 +112,8 @@ VALUES_CHUNK_BYTES = 1 << 18
 #: ``ICLAB_NATIVE=0`` or False here: always the torch code
 NATIVE = native_kernels.ENABLED
 VALUES_PART = 512  # prompts per C call at most (a multiple of 4 calls per batch)
+#: what runs slower without ``_polynomial.c`` (benchmarks/bench_sun_data.py, the ``sample`` case)
+COST = "drawing a polynomial batch about 3× slower"
 _SOURCE = Path(__file__).with_name("_polynomial.c")
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 _SIGNATURES = native_kernels.per_real(lambda _: {"pv_values": ([_L, _I, _I, _I, _P, _P, _L, _P, _P], _I)})
@@ -119,7 +121,7 @@ _SIGNATURES = native_kernels.per_real(lambda _: {"pv_values": ([_L, _I, _I, _I, 
 
 def native() -> ctypes.CDLL | None:
     """``_polynomial.c`` compiled (:func:`iclab.core.native.load`); None where it cannot be built."""
-    return native_kernels.load(_SOURCE, _SIGNATURES, cost="drawing a polynomial batch about 3× slower")
+    return native_kernels.load(_SOURCE, _SIGNATURES, cost=COST)
 
 
 def polynomial_values(x: Tensor, w: Tensor, exponents: Tensor) -> Tensor:

@@ -42,6 +42,7 @@ from iclab.core.errors import require, require_int
 from iclab.core.learner import Learner
 from iclab.models.reduced_attention import _ReducedAttention, context_statistic, cubic_feature, prefix_statistics
 from iclab.theory.attention_dynamics import all_blocks_population_moments, population_loss, second_moment_hat
+from iclab.training import _reduced_flow as reduced_flow
 from iclab.training.config import DType, TrainConfig
 from iclab.training.results import StepTiming, Trajectory
 from iclab.training.trainer import train
@@ -158,18 +159,23 @@ def population_flow(
     A = second_moment_hat(Lam, inv_n)  # E(Λ̂²), validates Λ and inv_n
     L2 = Lam @ Lam
     rec = _record_steps(steps, record_every)
-    rec_set = set(rec)
     snaps: dict[str, list[Tensor]] = {k: [] for k in params}
-    for step in range(steps + 1):
-        if step in rec_set:
-            for k, v in params.items():
-                snaps[k].append(v.clone())
-        if step == steps:
-            break
-        W = m.effective_matrix(params)  # (…, d, d)
-        G = L2 - A @ W @ Lam  # −½ ∂L/∂W, eq. (57)
-        for k, g in m.parameter_flow(G, params).items():
-            params[k].add_(g, alpha=2.0 * lr)
+
+    def advance(n: int) -> None:  # n steps; in one C call where it takes the model (_reduced_flow)
+        if n and reduced_flow.population_steps(m, params, n, 2.0 * lr, L2, A, Lam):
+            return
+        for _ in range(n):
+            W = m.effective_matrix(params)  # (…, d, d)
+            G = L2 - A @ W @ Lam  # −½ ∂L/∂W, eq. (57)
+            for k, g in m.parameter_flow(G, params).items():
+                params[k].add_(g, alpha=2.0 * lr)
+
+    done = 0
+    for step in rec:
+        advance(step - done)
+        done = step
+        for k, v in params.items():
+            snaps[k].append(v.clone())
     _nonfinite(owner, params, lr)
     m.load_params(params)
     stacked = {k: torch.stack(v) for k, v in snaps.items()}
@@ -228,29 +234,33 @@ def _full_batch_reduced(
     else:
         beta, xq, yq = (stack([x[i] for x in data]) for i in range(3))  # ([S,] P, d), ..., ([S,] P)
     rec = _record_steps(steps, record_every)
-    rec_set = set(rec)
     snaps: dict[str, list[Tensor]] = {k: [] for k in params}
     losses: list[Tensor] = []
-    for step in range(steps + 1):
+
+    def gradient() -> tuple[Tensor, Tensor]:  # (−½ ∂L/∂W, the training MSE) at the current parameters
         W = m.effective_matrix(params)  # ([S,] d, d)
         if method in ("moments", "given"):
             w = W.mT.flatten(-2)  # ([S,] d²): vec(W), columns stacked like z
             Mw = (M @ w.unsqueeze(-1)).squeeze(-1)
             G = (c - Mw).unflatten(-1, (d, width)).mT  # mean(r β x_qᵀ) = −½ ∂L/∂W
-            if step in rec_set:
-                losses.append(yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1))
-        else:
-            r = yq - torch.einsum("...pi,...ij,...pj->...p", beta, W, xq)  # ([S,] P) residuals
-            G = torch.einsum("...p,...pi,...pj->...ij", r, beta, xq) / r.shape[-1]
-            if step in rec_set:
-                losses.append(r.pow(2).mean(-1))
-        if step in rec_set:
-            for k, v in params.items():
-                snaps[k].append(v.clone())
-        if step == steps:
-            break
-        for k, g in m.parameter_flow(G, params).items():
-            params[k].add_(g, alpha=2.0 * lr)
+            return G, yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1)
+        r = yq - torch.einsum("...pi,...ij,...pj->...p", beta, W, xq)  # ([S,] P) residuals
+        return torch.einsum("...p,...pi,...pj->...ij", r, beta, xq) / r.shape[-1], r.pow(2).mean(-1)
+
+    def advance(n: int) -> None:  # n steps; the moment route in one C call where it takes the model
+        if n and method in ("moments", "given") and reduced_flow.moment_steps(m, params, n, 2.0 * lr, M, c):
+            return
+        for _ in range(n):
+            for k, g in m.parameter_flow(gradient()[0], params).items():
+                params[k].add_(g, alpha=2.0 * lr)
+
+    done = 0
+    for step in rec:
+        advance(step - done)
+        done = step
+        losses.append(gradient()[1])
+        for k, v in params.items():
+            snaps[k].append(v.clone())
     _nonfinite(owner, params, lr)
     m.load_params(params)
     return snaps, rec, torch.stack(losses)

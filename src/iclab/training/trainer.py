@@ -723,9 +723,15 @@ def _optimizer_problem(sd: object, opt: torch.optim.Optimizer) -> str | None:
         p = index.get(key)
         if p is None or not isinstance(state, dict):
             return f"its optimiser state names no parameter ({key!r})"
-        shape = flat if isinstance(opt, torch.optim.LBFGS) else p.shape
+        lbfgs = isinstance(opt, torch.optim.LBFGS)
+        shape = flat if lbfgs else p.shape
         for name, t in ((n, t) for n, v in state.items() for t in (v if isinstance(v, list | tuple) else [v])):
-            if isinstance(t, Tensor) and t.ndim > 0 and (t.shape != shape or t.dtype != p.dtype):
+            if not isinstance(t, Tensor) or t.ndim == 0:
+                continue
+            fits = t.shape == shape
+            if lbfgs and name in ("S", "Y", "rho"):  # iclab's LBFGS: the pairs as (cap, p) rows, ρ as a (cap,) vector
+                fits = t.ndim == 1 if name == "rho" else t.ndim == 2 and t.shape[1:] == shape
+            if not fits or t.dtype != p.dtype:
                 return f"its optimiser state {name!r} is {tuple(t.shape)} {t.dtype}; want {tuple(shape)} {p.dtype}"
     return None
 

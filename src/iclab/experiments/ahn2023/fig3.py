@@ -13,7 +13,7 @@ Claims:
 - projection_onto_S_does_not_hurt: replacing A_i by a_iΣ⁻¹ and B_i by b_iI raises the fresh-prompt loss by at
   most tol.projection_rtol
 
-Time on 2 CPU cores: quick 51 s; paper 460-497 s (4/5 claims).
+Time on 2 CPU cores: quick 9 s at 1 thread; paper 460-497 s (4/5 claims).
 
 What did not match: at paper Dist(Σ^½A_0Σ^½, I) stops at 0.12-0.13 (> 0.1), and the projection onto S lowers the
 fresh-prompt loss by 23-59%: what the model has outside S is fitted to its one fixed batch. The authors' code uses

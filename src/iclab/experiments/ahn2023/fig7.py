@@ -10,7 +10,7 @@ Claims:
 - tf_at_or_below_sparse_optimum: for L ≥ 2, log TF − log S-optimum(8) ≤ tol.log_atol
 - tf_beats_pgd: TF < constant-step PGD at every L ≥ 2
 
-Time on 2 CPU cores: quick 48 s; paper 1.9 h with ``--workers 2`` (4/4, log-loss −2.78 / −6.07 / −6.28 at L = 2-4).
+Time on 2 CPU cores: quick 12 s at 1 thread; paper 1.9 h with ``--workers 2`` (4/4, log-loss −2.78 / −6.07 / −6.28 at L = 2-4).
 
 What did not match: nothing. As the authors' notebook does, the paper preset evaluates the best of the last 20
 snapshots on a validation batch and averages log-losses over seeds (docs/papers/ahn2023.md, docs/errata.md).

@@ -12,7 +12,8 @@ Claims (Fig. 2):
 - dense_below_quadratic_floor_2: max over seeds of (loss + 3σ) of the dense model <= 2, the quadratic-feature floor.
 - strict_sparse_above_quadratic_floor_2: min over seeds of (loss + 3σ) of ``sparse_strict`` (P's (1, x) rows at 0) >= 2.
 
-Time on 2 CPU cores: quick 186 s (2 blocks, n = 50, 3000 steps: at 1000 dense and sparse tie); paper 15.7 core-hours.
+Time on 2 CPU cores: quick ≈ 50 s at 1 thread (2 blocks, n = 50, 2000 steps: at 1000 dense and sparse tie); paper 15.7
+core-hours.
 
 What did not match: the sparse FFN (eq. 11) is not limited to degree 2 (docs/papers/sun2025.md, docs/errata.md #7).
 """
@@ -124,5 +125,5 @@ CARD = card(
     Fig2Config,
     "Fig. 2, 10: sparse cubic ICL, 10-layer dense vs sparse bilinear TF (+ 5-layer linear TF)",
     smoke=dict(**SMOKE, d_bar=7, n_blocks=1, linear_layers=1, test_ns=(10, 20)),
-    quick=dict(QUICK, steps=3000, n=50, test_batch=5000, n_blocks=2, linear_layers=2, test_ns=(25, 50, 100)),
+    quick=dict(QUICK, steps=2000, n=50, test_batch=5000, n_blocks=2, linear_layers=2, test_ns=(25, 50, 100)),
 )
