@@ -44,6 +44,8 @@ BUILD_SECONDS = 120  # a build that takes longer is given up (the torch code run
 PRUNE_DAYS = 30.0
 PRUNE_KEEP = 64  # the kernel tests build about 20 (each kernel, its widths, AVX2 and AVX-512 builds)
 
+#: headers of this folder that kernels elsewhere include by a relative path ("../core/_per_real.h")
+SHARED_HEADERS = (Path(__file__).with_name("_per_real.h"),)
 Signature = tuple[list[type], type]  # (argtypes, restype) of one C function
 Status = Literal["built", "loaded", "fallback"]
 _Key = tuple[Path, tuple[str, ...]]
@@ -323,7 +325,8 @@ def _open(
 def _compile(cc: str, source: Path, extra: tuple[str, ...]) -> tuple[Path, bool]:
     """The cached library of ``source`` built with ``extra`` flags, and whether it was built now."""
     try:
-        headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what it may include
+        # what it may include: the headers beside it and the shared ones
+        headers = b"".join(h.read_bytes() for h in sorted({*source.parent.glob("*.h"), *SHARED_HEADERS}))
         text = source.read_bytes()
     except OSError as e:
         raise _BuildError(f"cannot read the source: {e}") from e

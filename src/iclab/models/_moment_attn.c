@@ -27,7 +27,7 @@
    DIM is a compile-time constant (-DDIM=6): every DIM-long loop is unrolled. The lane count is the target's: 16
    floats with AVX-512, else 8 (AVX2); doubles half that. Compiled as two instances by including itself: float32
    (suffix _f32) and float64 (_f64). Built by iclab.core.native.load(). */
-#ifndef MA_REAL
+#ifndef PER_REAL
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,25 +45,17 @@
 int ma_lanes_f32(void) { return VBYTES / 4; }
 int ma_lanes_f64(void) { return VBYTES / 8; }
 
-#define MA_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef MA_REAL
-#define MA_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
-#else /* one instance for the real type of MA_REAL */
+#else /* one instance for the real type of PER_REAL */
 
-#undef real
+#include "../core/_per_real.h"
 #undef vec
 #undef W
-#undef NAME
-#if MA_REAL == 32
-#define real float
-#define NAME(f) f##_f32
-#else
-#define real double
-#define NAME(f) f##_f64
-#endif
 #define W (VBYTES / (int)sizeof(real))
 typedef real NAME(vec_t) __attribute__((vector_size(VBYTES), aligned(VBYTES)));
 #define vec NAME(vec_t)

@@ -5,26 +5,18 @@
    variables j in order, x^p the product x^{p-1} · x; the sum runs over m in order, each product rounded before it is
    added (no fused multiply-add: contraction is off in this file). Tokens sit in the lanes of TB-long arrays, which
    the compiler vectorises. Compiled as two instances by including itself: float32 (_f32) and float64 (_f64). */
-#ifndef PV_REAL
+#ifndef PER_REAL
 #pragma GCC optimize("fp-contract=off")
 enum { TB = 16, MAXP = 16 }; /* tokens per block; the highest exponent (more: the torch code) */
 
-#define PV_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef PV_REAL
-#define PV_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
 #else
-#undef real
-#undef NAME
-#if PV_REAL == 32
-#define real float
-#define NAME(f) f##_f32
-#else
-#define real double
-#define NAME(f) f##_f64
-#endif
+#include "../core/_per_real.h"
 
 /* out[b * T + t] for the (B, T, d) points x (entry (b, t, j) at x[b * sxb + t * d + j]), the (B, M) coefficients w
    (row-major) and the (M, d) exponents a (each at most MAXP). Returns 0, or 1 for an exponent above MAXP or d above

@@ -8,24 +8,16 @@
    add in double, four partial sums. One call replaces 4·m small tensor operations of the Python loop (m pairs: up to
    the history size, 600 in Ahn et al.'s L-BFGS presets). Compiled as two instances by including itself: float32
    (_f32) and float64 (_f64). */
-#ifndef LB_REAL
+#ifndef PER_REAL
 
-#define LB_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef LB_REAL
-#define LB_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
 #else
-#undef real
-#undef NAME
-#if LB_REAL == 32
-#define real float
-#define NAME(f) f##_f32
-#else
-#define real double
-#define NAME(f) f##_f64
-#endif
+#include "../core/_per_real.h"
 
 static double NAME(lb_dot)(long p, const real *a, const real *b) {
     double s0 = 0, s1 = 0, s2 = 0, s3 = 0;

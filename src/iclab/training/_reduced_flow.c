@@ -9,25 +9,17 @@
    parameters before the step, and θ += alpha · dθ. One call runs `steps` steps: the Python loop's ≈ 15 tensor
    operations a step (≈ 60 µs of dispatch for d ≤ 16) become a few hundred flops. Compiled as two instances by
    including itself: float32 (_f32) and float64 (_f64). */
-#ifndef RF_REAL
+#ifndef PER_REAL
 #include <stdlib.h>
 
-#define RF_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef RF_REAL
-#define RF_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
 #else
-#undef real
-#undef NAME
-#if RF_REAL == 32
-#define real float
-#define NAME(f) f##_f32
-#else
-#define real double
-#define NAME(f) f##_f64
-#endif
+#include "../core/_per_real.h"
 
 /* W (d, d) of one seed's v (H), k, q (H·R rows of d). */
 static void NAME(rf_matrix)(int HR, int R, int d, const real *v, const real *k, const real *q, real *W) {
