@@ -106,6 +106,12 @@ def test_slicing(episode64: Episode) -> None:
     assert sub.task["Sigma"] is ep.task["Sigma"] and sub.task["noise_var"] is ep.task["noise_var"]  # not per-prompt
     idx = torch.tensor([5, 0, 2])
     assert torch.equal(ep[idx].x, ep.x[idx]) and torch.equal(ep[idx].task["w"], ep.task["w"][idx])
+    # the index_select gather, and the indexing it stands for with negative positions, a mask, int32
+    for index in (idx, torch.tensor([-1, 0, -3]), torch.arange(ep.batch_size) % 2 == 0, idx.to(torch.int32)):
+        sub = ep[index]
+        for name in ("x", "y", "x_query", "y_query"):
+            assert torch.equal(getattr(sub, name), getattr(ep, name)[index])
+        assert torch.equal(sub.task["w"], ep.task["w"][index]) and sub.task["Sigma"] is ep.task["Sigma"]
 
 
 def test_slicing_keeps_shared_task_matrices_when_batch_equals_d() -> None:

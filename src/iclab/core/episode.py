@@ -115,16 +115,30 @@ class Episode:
         )
 
     def __getitem__(self, index: slice | Tensor) -> Episode:
-        """Select prompts along the batch axis; the per-prompt task entries (``batched``) are sliced too."""
+        """Select prompts along the batch axis; the per-prompt task entries (``batched``) are sliced too.
+
+        A 1-D integer index is gathered by ``index_select`` (the same copy as ``t[index]``, about twice as fast on a
+        CPU: the trainer's minibatches of a fixed training set)."""
+        rows = (
+            index
+            if isinstance(index, Tensor)
+            and index.dim() == 1
+            and index.dtype in (torch.int64, torch.int32)
+            and bool((index >= 0).all())  # t[index] counts negative positions from the end
+            else None
+        )
+
+        def pick(t: Tensor) -> Tensor:
+            return t[index] if rows is None else t.index_select(0, rows)
 
         def sel(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t[index]
+            return None if t is None else pick(t)
 
-        task = {k: (v[index] if k in self.batched else v) for k, v in self.task.items()}
+        task = {k: (pick(v) if k in self.batched else v) for k, v in self.task.items()}
         return replace(
             self,
-            x=self.x[index],
-            x_query=self.x_query[index],
+            x=pick(self.x),
+            x_query=pick(self.x_query),
             y=sel(self.y),
             y_query=sel(self.y_query),
             labels=sel(self.labels),
