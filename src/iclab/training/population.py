@@ -237,28 +237,30 @@ def _full_batch_reduced(
     snaps: dict[str, list[Tensor]] = {k: [] for k in params}
     losses: list[Tensor] = []
 
-    def gradient() -> tuple[Tensor, Tensor]:  # (−½ ∂L/∂W, the training MSE) at the current parameters
+    def gradient(with_loss: bool) -> tuple[Tensor, Tensor | None]:  # (−½ ∂L/∂W, the training MSE) at the parameters
         W = m.effective_matrix(params)  # ([S,] d, d)
         if method in ("moments", "given"):
             w = W.mT.flatten(-2)  # ([S,] d²): vec(W), columns stacked like z
             Mw = (M @ w.unsqueeze(-1)).squeeze(-1)
             G = (c - Mw).unflatten(-1, (d, width)).mT  # mean(r β x_qᵀ) = −½ ∂L/∂W
-            return G, yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1)
+            return G, yy - 2 * (c * w).sum(-1) + (w * Mw).sum(-1) if with_loss else None
         r = yq - torch.einsum("...pi,...ij,...pj->...p", beta, W, xq)  # ([S,] P) residuals
-        return torch.einsum("...p,...pi,...pj->...ij", r, beta, xq) / r.shape[-1], r.pow(2).mean(-1)
+        G = torch.einsum("...p,...pi,...pj->...ij", r, beta, xq) / r.shape[-1]
+        return G, r.pow(2).mean(-1) if with_loss else None
 
-    def advance(n: int) -> None:  # n steps; the moment route in one C call where it takes the model
-        if n and method in ("moments", "given") and reduced_flow.moment_steps(m, params, n, 2.0 * lr, M, c):
-            return
-        for _ in range(n):
-            for k, g in m.parameter_flow(gradient()[0], params).items():
+    G: Tensor | None = None  # the gradient at the current parameters, where a recorded step computed it
+    step = 0
+    for target in rec:
+        # the steps up to the next recorded one: the moment route in one C call where it takes the model
+        fast = target > step and method in ("moments", "given")
+        if fast and reduced_flow.moment_steps(m, params, target - step, 2.0 * lr, M, c):
+            step = target
+        while step < target:
+            for k, g in m.parameter_flow(G if G is not None else gradient(False)[0], params).items():
                 params[k].add_(g, alpha=2.0 * lr)
-
-    done = 0
-    for step in rec:
-        advance(step - done)
-        done = step
-        losses.append(gradient()[1])
+            G, step = None, step + 1
+        G, loss = gradient(True)
+        losses.append(cast(Tensor, loss))
         for k, v in params.items():
             snaps[k].append(v.clone())
     _nonfinite(owner, params, lr)
