@@ -15,7 +15,7 @@
    solver gives the same y) and, when kp is not NULL, |K| = V |D| V^T (Cheng et al. Def. 3.3, K_+).
    Returns 0, or the number of groups whose sweeps did not converge (the caller then recomputes the batch with torch),
    or -1 (N over NMAX, no memory). Compiled once per real type: this file includes itself. */
-#ifndef SYM_ABS_REAL
+#ifndef PER_REAL
 #include <float.h>
 #include <stdlib.h>
 #include <immintrin.h>
@@ -28,35 +28,32 @@
 #endif
 #define NMAX 64
 
-#define SYM_ABS_REAL 32
+#define PER_REAL 32
 #include "_sym_abs.c"
-#undef SYM_ABS_REAL
-#define SYM_ABS_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include "_sym_abs.c"
 
 int sa_nmax(void) { return NMAX; }
 
 #else
 
-#undef real
+#include "_per_real.h"
 #undef ireal
 #undef vec
 #undef ivec
 #undef L
 #undef EPS
 #undef TINY
-#undef NAME
 #undef VSQRT
 #undef ABSMASK
-#if SYM_ABS_REAL == 32
-#define real float
+#if PER_REAL == 32
 #define ireal int
 #define vec vec_f32
 #define ivec ivec_f32
 #define L (VBYTES / 4)
 #define EPS FLT_EPSILON
 #define TINY FLT_MIN
-#define NAME(f) f##_f32
 #define ABSMASK 0x7fffffff
 #if VBYTES == 64
 #define VSQRT(x) ((vec)_mm512_sqrt_ps((__m512)(x)))
@@ -64,14 +61,12 @@ int sa_nmax(void) { return NMAX; }
 #define VSQRT(x) ((vec)_mm256_sqrt_ps((__m256)(x)))
 #endif
 #else
-#define real double
 #define ireal long long
 #define vec vec_f64
 #define ivec ivec_f64
 #define L (VBYTES / 8)
 #define EPS DBL_EPSILON
 #define TINY DBL_MIN
-#define NAME(f) f##_f64
 #define ABSMASK 0x7fffffffffffffffLL
 #if VBYTES == 64
 #define VSQRT(x) ((vec)_mm512_sqrt_pd((__m512d)(x)))

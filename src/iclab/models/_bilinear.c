@@ -24,7 +24,7 @@
    LIVE (-DLIVE=d+1): a first FFN reads the prompt's first LIVE entries alone (the others are scratch zeros).
    The lane count is the target's: 16 floats with AVX-512, else 8 (AVX2); doubles half that. Compiled as two
    instances by including itself: float32 (suffix _f32) and float64 (_f64). Built by iclab.core.native.load(). */
-#ifndef BL_REAL
+#ifndef PER_REAL
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,25 +49,22 @@ enum { TILE = 24 }; /* tokens per tile of the passes that sum over tokens (their
 int bl_lanes_f32(void) { return VBYTES / 4; }
 int bl_lanes_f64(void) { return VBYTES / 8; }
 
-#define BL_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef BL_REAL
-#define BL_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
-#else /* one instance for the real type of BL_REAL */
+#else /* one instance for the real type of PER_REAL */
 
-#undef real
+#include "../core/_per_real.h"
 #undef vec
 #undef W
-#undef NAME
 #undef SPLAT
 #undef GATHER
 #undef LANE_INDEX
 /* SPLAT(w): w in every lane; GATHER(p, idx): lane l = p[idx[l]], idx from LANE_INDEX(stride) = (l * stride)_l */
-#if BL_REAL == 32
-#define real float
-#define NAME(f) f##_f32
+#if PER_REAL == 32
 #if VBYTES == 64
 #define SPLAT(w) ((vec)_mm512_set1_ps(w))
 #define LANE_INDEX(s)                                                                                                \
@@ -79,8 +76,6 @@ int bl_lanes_f64(void) { return VBYTES / 8; }
 #define GATHER(p, idx) ((vec)_mm256_i32gather_ps(p, idx, 4))
 #endif
 #else
-#define real double
-#define NAME(f) f##_f64
 #if VBYTES == 64
 #define SPLAT(w) ((vec)_mm512_set1_pd(w))
 #define LANE_INDEX(s) _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(s))

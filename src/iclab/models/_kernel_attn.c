@@ -19,7 +19,7 @@
    The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
    _f64), twice that with AVX-512 (-mavx512f where the CPU has it); exp is _avx_exp.h's. Denormals are flushed to zero
    inside the calls. Built by iclab.core.native.load() with cc -O3 -mavx2 -mfma. */
-#ifndef KA_REAL
+#ifndef PER_REAL
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,17 +62,15 @@ enum { DMAX = 32, NMAX = 256 };
         }                                                                                                              \
     } while (0)
 
-#define KA_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef KA_REAL
-#define KA_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
-#else /* one instance of the kernel for the real type of KA_REAL */
+#else /* one instance of the kernel for the real type of PER_REAL */
 
-#define SIMD_REAL KA_REAL
 #include "_simd.h"
-#undef SIMD_REAL
 
 typedef struct {
     int L, H, d, n, T, D, has_cap;

@@ -18,7 +18,7 @@
    _f64), twice that with AVX-512 (-mavx512f where the CPU has it); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
    cc -O3 -mavx2 -mfma -DDIM=<token width>, one library per width: with the width known, every loop over a token's
    entries unrolls (at DIM = 5: forward 59 -> 54 ms, backward 85 -> 72 ms against a run-time width, Fig. 5 sizes). */
-#ifndef QA_REAL
+#ifndef PER_REAL
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,17 +31,15 @@ enum { MMAX = 1024 };
 #error "compile with -DDIM=<token width>: the kernel is specialised to it (iclab.core.native.load(defines=...))"
 #endif
 
-#define QA_REAL 32
+#define PER_REAL 32
 #include __FILE__
-#undef QA_REAL
-#define QA_REAL 64
+#undef PER_REAL
+#define PER_REAL 64
 #include __FILE__
 
-#else /* one instance of the kernel for the real type of QA_REAL */
+#else /* one instance of the kernel for the real type of PER_REAL */
 
-#define SIMD_REAL QA_REAL
 #include "_simd.h"
-#undef SIMD_REAL
 
 /* prompts per vector */
 int NAME(qa_lanes)(void) { return W; }

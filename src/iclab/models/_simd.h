@@ -1,15 +1,15 @@
 /* The vector macros of one instance of a kernel that is compiled once per real type by including itself
-   (_kernel_attn.c, _query_attn.c): include it with SIMD_REAL defined as 32 or 64. Vectors are AVX-512 where the
-   kernel is built with -mavx512f (16 float32 / 8 float64 lanes), else AVX2 (8 / 4); exp is _avx_exp.h's.
+   (_kernel_attn.c, _query_attn.c): include it with PER_REAL defined as 32 or 64 (real and NAME come from
+   ../core/_per_real.h). Vectors are AVX-512 where the kernel is built with -mavx512f (16 float32 / 8 float64 lanes),
+   else AVX2 (8 / 4); exp is _avx_exp.h's.
    KEEP_LT(x, a, b): x where a < b, else 0; KEEP_GT likewise (masks: the exp cap, ReLU). Also the two helpers both
    kernels share, per instance: lanes_sum (a vector's lanes summed in lane order) and softmax_lanes (a softmax over
    m vectors in place, every lane its own prompt). No include guard: each instance redefines them. */
 #include "_avx_exp.h"
+#include "../core/_per_real.h"
 
-#undef real
 #undef V
 #undef W
-#undef NAME
 #undef LD
 #undef LOADU
 #undef STOREU
@@ -25,9 +25,7 @@
 #undef KEEP_GT
 #undef ZERO
 #undef VEXP
-#if SIMD_REAL == 32
-#define real float
-#define NAME(f) f##_f32
+#if PER_REAL == 32
 #if defined(__AVX512F__)
 #define V __m512
 #define W 16
@@ -66,8 +64,6 @@
 #define VEXP exp_ps
 #endif
 #else
-#define real double
-#define NAME(f) f##_f64
 #if defined(__AVX512F__)
 #define V __m512d
 #define W 8
