@@ -6,7 +6,8 @@ separate heads), one attention layer read at the query.
 
 Times the whole step (forward, MSE, backward, SGD update) by the C kernel of the query row
 (:mod:`iclab.models._query_fast`, built with AVX-512 where the CPU has it and as the AVX2 build a CPU without it
-gets) and by the torch pass (:func:`iclab.models.attention_core.attention_update`), alternately in one run. Writes
+gets; with the gradient factors kept by the forward pass and, for comparison, with the full backward that reads the
+prompts and runs the forward again) and by the torch pass (:func:`iclab.models.attention_core.attention_update`), alternately in one run. Writes
 benchmarks/results/bench-query-attention-cpu.json with the measurement's provenance (``iclab.core.provenance``).
 """
 
@@ -26,7 +27,13 @@ from iclab.experiments.zhang2025._setup import token_spec
 from iclab.models import _query_fast
 from iclab.tasks.linear_regression import LinearRegression
 
-PATHS = {"c_avx512": (True, True), "c_avx2": (True, False), "torch": (False, True)}  # NATIVE, WIDE
+#: NATIVE, WIDE, FACTORS of iclab.models._query_fast
+PATHS = {
+    "c_avx512": (True, True, True),
+    "c_avx512_full_backward": (True, True, False),
+    "c_avx2": (True, False, True),
+    "torch": (False, True, True),
+}
 
 
 def main() -> None:
@@ -47,8 +54,9 @@ def main() -> None:
                            init_std=init).build()  # fmt: skip
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
 
-        def step(native: bool, wide: bool, model: torch.nn.Module = model, opt: torch.optim.Optimizer = opt) -> None:
-            _query_fast.NATIVE, _query_fast.WIDE = native, wide
+        def step(native: bool, wide: bool, factors: bool, model: torch.nn.Module = model,
+                 opt: torch.optim.Optimizer = opt) -> None:  # fmt: skip
+            _query_fast.NATIVE, _query_fast.WIDE, _query_fast.FACTORS = native, wide, factors
             loss = (model(ep) - ep.y_query).pow(2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -59,8 +67,9 @@ def main() -> None:
         }
         sec = alternate(steps, device=dev, rounds=args.rounds)
         rows[key] = {name: round(s * 1e3, 1) for name, s in sec.items()}
-        print(key, "ms per step:", rows[key], f"torch / C = {sec['torch'] / sec['c_avx512']:.1f}x")
-    _query_fast.NATIVE, _query_fast.WIDE = True, True
+        gain = sec["c_avx512_full_backward"] / sec["c_avx512"]
+        print(key, "ms per step:", rows[key], f"torch / C = {sec['torch'] / sec['c_avx512']:.1f}x, factors {gain:.2f}x")
+    _query_fast.NATIVE, _query_fast.WIDE, _query_fast.FACTORS = True, True, True
     atomic_write_json(
         args.out,
         {

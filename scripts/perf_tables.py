@@ -205,6 +205,9 @@ def paths_table() -> str:
             what = f"Zhang et al. 2025 Fig. 5 step, {model}, P = {_int(q['prompts'])}, float64"
             row(what, "C kernel, AVX-512", r["c_avx512"], "torch", r["torch"], q["provenance"])
             row(what, "C kernel, AVX2 build", r["c_avx2"], "torch", r["torch"], q["provenance"])
+            if "c_avx512_full_backward" in r:
+                full = "C kernel, backward reading the prompts again"
+                row(what, "C kernel, AVX-512", r["c_avx512"], full, r["c_avx512_full_backward"], q["provenance"])
     if bil := _load("bench-bilinear-cpu.json"):
         what = "Sun et al. 2025: 12-layer step, batch 4000"
         row(

@@ -74,6 +74,50 @@ def test_kernel_matches_the_torch_pass(act, key_query, sources, residual, heads,
 
 @needs_kernel
 @pytest.mark.parametrize("act", ["softmax", "relu"])
+@pytest.mark.parametrize("key_query", ["merged", "separate"])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_the_forward_factors_give_the_full_backward(act, key_query, heads, build, monkeypatch) -> None:
+    """A model reads the label column: the gradients summed from the factors the forward pass kept equal those of
+    the backward that reads the prompts and runs the forward again (float64, 1e-10), on a ragged last group."""
+    model, ep = _model(act, key_query, heads=heads), _episode(batch=45)
+    calls = {"qa_factor_grads": 0, "qa_backward": 0}
+    lib = _query_fast.native(5)
+    for name in calls:  # count which backward runs
+        fn = getattr(lib, f"{name}_f64")
+        monkeypatch.setattr(lib, f"{name}_f64", lambda *a, fn=fn, name=name: calls.__setitem__(name, 1) or fn(*a))
+    runs = {}
+    for factors in (True, False):
+        monkeypatch.setattr(_query_fast, "FACTORS", factors)
+        runs[factors] = _value_and_grads(model, ep, True, monkeypatch)
+        assert calls == {"qa_factor_grads": int(factors), "qa_backward": int(not factors)}
+        calls.update(qa_factor_grads=0, qa_backward=0)
+    (y, g), (y_full, g_full) = runs[True], runs[False]
+    assert torch.equal(y, y_full)
+    assert all(_rel(g[k], g_full[k]) < 1e-10 for k in g), {k: _rel(g[k], g_full[k]) for k in g}
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ["softmax", "relu"])
+def test_a_gradient_on_other_columns_takes_the_full_backward(act, monkeypatch) -> None:
+    """query_update keeps the factors of one column; a loss that reads every column of its result still gets the
+    exact gradients (the full backward runs), against the torch pass."""
+    model, ep = _model(act, heads=2), _episode(batch=21)
+    layer = model.layers[0]
+    z = torch.cat([torch.cat([ep.x, ep.y.unsqueeze(-1)], -1), torch.cat([ep.x_query, 0 * ep.y_query[:, None]], -1)
+                   .unsqueeze(1)], 1)  # fmt: skip
+    w = torch.linspace(0.5, 1.5, 5, dtype=z.dtype)
+    grads = []
+    for native in (True, False):
+        monkeypatch.setattr(_query_fast, "NATIVE", native)
+        model.zero_grad()
+        out = layer(z, ep.n, query_only=True)  # (B, 1, D): every column enters the loss
+        (out.sin() * w).sum().backward()
+        grads.append([layer.Q_free.grad.clone(), layer.P_free.grad.clone()])
+    assert all(_rel(a, b) < 1e-10 for a, b in zip(*grads, strict=True))
+
+
+@needs_kernel
+@pytest.mark.parametrize("act", ["softmax", "relu"])
 def test_kernel_is_the_written_out_formula(act, build, monkeypatch) -> None:
     """out = scale Σ_h P_h Σ_i h̃(s_iᵀ Q_h t) s_i at the label entry, the query among the sources (Zhang et al.)."""
     monkeypatch.setattr(_query_fast, "NATIVE", True)

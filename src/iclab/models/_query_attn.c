@@ -10,9 +10,12 @@
        dP_h += scale g uᵀ,   dl_i = a_i (s_iᵀ du − uᵀ du) (softmax) or [l_i > 0] s_iᵀ du (ReLU),
        dQ_h += (Σ_i dl_i s_i) tᵀ,
    summed in lanes, then over lanes in a fixed order, so the result depends on the caller's split of the batch, not on
-   its threads. A group is W prompts: its m x D sources are gathered once into vectors (L1-resident at Fig. 5's
-   32 x 5), every per-prompt quantity lives in a vector, and nothing of size B x H x m is ever written to memory (the
-   torch pass writes the scores, the weights and their gradients: 4 x 160 MB at Fig. 5's P = 80 000, float64).
+   its threads. qa_forward_factors is qa_forward that also runs that backward for dL/d(out) = e_col (one column, the
+   label a model reads) and writes each prompt's u and dq per head; qa_factor_grads then gives the gradients for
+   dL/d(out) = g e_col from them without reading the sources or running the forward again (dl is linear in du).
+   A group is W prompts: its m x D sources are gathered once into vectors (L1-resident at Fig. 5's 32 x 5), every
+   per-prompt quantity lives in a vector, and nothing of size B x H x m is ever written to memory (the torch pass
+   writes the scores, the weights and their gradients: 4 x 160 MB at Fig. 5's P = 80 000, float64).
 
    The file is compiled as two instances by including itself: float32 (8 lanes, suffix _f32) and float64 (4 lanes,
    _f64), twice that with AVX-512 (-mavx512f where the CPU has it); exp is _avx_exp.h's. Denormals are flushed to zero inside the calls. Built by iclab.core.native.load() with
@@ -55,11 +58,11 @@ static void NAME(gather)(const real *x, long rows, long r, long count, int D, lo
     }
 }
 
-/* vector v's lanes 0 … nb − 1 into x[(b0 + w) * D + k] */
-static void NAME(scatter)(const V *v, int D, long b0, int nb, real *x) {
+/* vectors v[0 … DIM − 1]'s lanes 0 … nb − 1 into x[(b0 + w) * stride + k] */
+static void NAME(scatter)(const V *v, long stride, long b0, int nb, real *x) {
     const real *f = (const real *)v;
     for (int w = 0; w < nb; w++)
-        for (int k = 0; k < DIM; k++) x[(b0 + w) * D + k] = f[k * W + w];
+        for (int k = 0; k < DIM; k++) x[(b0 + w) * stride + k] = f[k * W + w];
 }
 
 /* u (D) = Σ_i c_i s_i over the m sources, as two interleaved sums (even and odd i) so that twice as many
@@ -96,6 +99,20 @@ static void NAME(head)(int m, int act, const real *Q, const V *S, const V *t, V 
         for (int i = 0; i < m; i++) a[i] = MAX(a[i], ZERO);
     }
     NAME(mix)(m, a, S, u);
+}
+
+/* one head's backward on a group from its forward (a, u) for du = dL/du: c = uᵀ du, a becomes
+   dl_i = a_i (s_iᵀ du − c) (softmax) or [l_i > 0] s_iᵀ du (ReLU), and dq = Σ_i dl_i s_i */
+static void NAME(head_back)(int m, int act, const V *S, V *a, const V *u, const V *du, V *dq) {
+    V c = ZERO;
+    for (int k = 0; k < DIM; k++) c = FMA(u[k], du[k], c);
+    for (int i = 0; i < m; i++) {
+        const V *s = S + (long)i * DIM;
+        V da = MUL(du[0], s[0]);
+        for (int k = 1; k < DIM; k++) da = FMA(du[k], s[k], da);
+        a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : KEEP_GT(da, a[i], ZERO);
+    }
+    NAME(mix)(m, a, S, dq);
 }
 
 static int NAME(bad)(int m, int D, int act) {
@@ -154,30 +171,93 @@ int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, co
             const real *Ph = P + (long)h * dd;
             V *aQ = accQ + h * dd, *aP = accP + h * dd;
             NAME(head)(m, act, Q + h * dd, S, t, q, a, u);
-            V c = ZERO; /* uᵀ du */
             for (int k = 0; k < DIM; k++) {
                 V acc = ZERO;
                 for (int e = 0; e < DIM; e++) acc = FMA(SET1(scale * Ph[e * DIM + k]), g[e], acc);
                 du[k] = acc;
-                c = FMA(u[k], acc, c);
             }
             for (int e = 0; e < DIM; e++) {
                 V ge = MUL(SET1(scale), g[e]);
                 for (int k = 0; k < DIM; k++) aP[e * DIM + k] = FMA(ge, u[k], aP[e * DIM + k]);
             }
-            for (int i = 0; i < m; i++) { /* a becomes dl */
-                const V *s = S + (long)i * DIM;
-                V da = MUL(du[0], s[0]);
-                for (int k = 1; k < DIM; k++) da = FMA(du[k], s[k], da);
-                a[i] = act == SOFTMAX ? MUL(a[i], SUB(da, c)) : KEEP_GT(da, a[i], ZERO);
-            }
-            NAME(mix)(m, a, S, q); /* q becomes dq = Σ_i dl_i s_i */
+            NAME(head_back)(m, act, S, a, u, du, q); /* q becomes dq = Σ_i dl_i s_i */
             for (int k = 0; k < DIM; k++)
                 for (int j = 0; j < DIM; j++) aQ[k * DIM + j] = FMA(q[k], t[j], aQ[k * DIM + j]);
         }
     }
     for (long i = 0; i < H * dd; i++) gQ[i] += NAME(lanes_sum)(accQ[i]), gP[i] += NAME(lanes_sum)(accP[i]);
     free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+/* qa_forward's out and, for a gradient on out[:, col] alone, each prompt's factors of dL/dQ and dL/dP: U, DQ
+   (B, H, D) hold u and dq = Σ_i dl_i s_i for dL/d(out) = e_col (du = scale P_hᵀ e_col, the same for every prompt).
+   dl is linear in du, so for dL/d(out) = g e_col, dL/dP_h = scale Σ_b g_b e_col u_bᵀ and dL/dQ_h = Σ_b g_b dq_b t_bᵀ
+   (qa_factor_grads): one pass over the prompts gives the value and what the backward needs, which then reads
+   2 H D numbers a prompt instead of its m + 1 tokens and does not run the forward again. Codes as qa_forward */
+int NAME(qa_forward_factors)(int B, int T, int m, int D, int H, int act, real scale, const real *z, const real *Q,
+                             const real *P, int col, real *out, real *U, real *DQ) {
+    if (NAME(bad)(m, D, act) || col < 0 || col >= DIM) return 2;
+    long dd = (long)DIM * DIM;
+    V *buf = aligned_alloc(VALIGN, sizeof(V) * ((long)m * D + m + 5 * DIM));
+    if (!buf) return 1;
+    unsigned csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
+    V *S = buf, *a = S + (long)m * D, *t = a + m, *q = t + DIM, *u = q + DIM, *o = u + DIM, *du = o + DIM;
+    for (long b0 = 0; b0 < B; b0 += W) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(z, T, 0, m, D, b0, nb, S);
+        NAME(gather)(z, T, T - 1, 1, D, b0, nb, t);
+        for (int e = 0; e < DIM; e++) o[e] = ZERO;
+        for (int h = 0; h < H; h++) {
+            const real *Ph = P + h * dd;
+            NAME(head)(m, act, Q + h * dd, S, t, q, a, u);
+            for (int e = 0; e < DIM; e++) {
+                V acc = o[e];
+                for (int k = 0; k < DIM; k++) acc = FMA(SET1(scale * Ph[e * DIM + k]), u[k], acc);
+                o[e] = acc;
+            }
+            for (int k = 0; k < DIM; k++) du[k] = SET1(scale * Ph[col * DIM + k]);
+            NAME(scatter)(u, (long)H * D, b0, nb, U + (long)h * D);
+            NAME(head_back)(m, act, S, a, u, du, q); /* q becomes dq */
+            NAME(scatter)(q, (long)H * D, b0, nb, DQ + (long)h * D);
+        }
+        NAME(scatter)(o, D, b0, nb, out);
+    }
+    free(buf), _mm_setcsr(csr);
+    return 0;
+}
+
+/* adds dL/dQ, dL/dP (H, D, D) for dL/d(out) = g e_col from qa_forward_factors' U, DQ (B, H, D) and the targets
+   z[:, T − 1]; gout (B, D) is read at column col only. Summed in lanes, then over lanes in a fixed order */
+int NAME(qa_factor_grads)(int B, int T, int D, int H, int col, real scale, const real *z, const real *U,
+                          const real *DQ, const real *gout, real *gQ, real *gP) {
+    if (D != DIM || col < 0 || col >= DIM) return 2;
+    long dd = (long)DIM * DIM;
+    V *buf = aligned_alloc(VALIGN, sizeof(V) * (4 * DIM + H * dd + H * DIM));
+    if (!buf) return 1;
+    V *t = buf, *g = t + DIM, *u = g + DIM, *dq = u + DIM, *accQ = dq + DIM, *accP = accQ + H * dd;
+    for (long i = 0; i < H * dd + H * DIM; i++) accQ[i] = ZERO;
+    for (long b0 = 0; b0 < B; b0 += W) {
+        int nb = B - b0 < W ? (int)(B - b0) : W;
+        NAME(gather)(z, T, T - 1, 1, D, b0, nb, t);
+        NAME(gather)(gout, 1, 0, 1, D, b0, nb, g);
+        for (int h = 0; h < H; h++) {
+            V *aQ = accQ + h * dd, *aP = accP + h * DIM;
+            NAME(gather)(U, H, h, 1, D, b0, nb, u);
+            NAME(gather)(DQ, H, h, 1, D, b0, nb, dq);
+            for (int k = 0; k < DIM; k++) {
+                aP[k] = FMA(g[col], u[k], aP[k]);
+                V gq = MUL(g[col], dq[k]);
+                for (int j = 0; j < DIM; j++) aQ[k * DIM + j] = FMA(gq, t[j], aQ[k * DIM + j]);
+            }
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        for (long i = 0; i < dd; i++) gQ[h * dd + i] += NAME(lanes_sum)(accQ[h * dd + i]);
+        for (int k = 0; k < DIM; k++) gP[h * dd + col * DIM + k] += scale * NAME(lanes_sum)(accP[h * DIM + k]);
+    }
+    free(buf);
     return 0;
 }
 

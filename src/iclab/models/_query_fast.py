@@ -7,9 +7,12 @@
 with the keys the sources themselves (W_K = I). :func:`attention_update` forms that as batched per-prompt products
 and writes the (B, H, m) scores, weights and their gradients to memory: at Zhang et al.'s Fig. 5 (P = 80 000 prompts
 of 32 tokens, 8 heads, float64) four 160 MB tensors per step. The kernel keeps a group of 4 (float64) or 8 (float32)
-prompts in the lanes of an AVX2 vector (8 or 16 with AVX-512, :data:`WIDE`) and never writes them. Its backward recomputes a group's forward (cheaper than
-storing it) and gives dL/dQ and dL/dP only: it runs where the prompt is data (no gradient wanted for it, as in a
-one-layer model); otherwise, under ``torch.func`` transforms, on a GPU, or where no C compiler is, the torch code.
+prompts in the lanes of an AVX2 vector (8 or 16 with AVX-512, :data:`WIDE`) and never writes them. It gives dL/dQ and
+dL/dP only: it runs where the prompt is data (no gradient wanted for it, as in a one-layer model); otherwise, under
+``torch.func`` transforms, on a GPU, or where no C compiler is, the torch code. A model reads one column of the
+result (the label): for it the forward pass also keeps each prompt's gradient factors (u and dq per head, for a unit
+gradient on that column), and the backward sums them (:func:`query_update`). For any other output gradient the
+backward reads the prompts again and recomputes a group's forward (cheaper than storing the weights).
 
 Exactness: tests/test_query_fast.py checks values and the gradients of every parameter against the torch pass in
 float64 to 1e-10 (softmax and ReLU, merged and separate key-query, context or all sources); docs/performance.md has
@@ -35,6 +38,9 @@ from iclab.core.threads import map_on_threads, split_evenly
 NATIVE = native_kernels.ENABLED
 #: build with AVX-512 where the CPU has it (8 float64 lanes); False: AVX2 (4), as on a CPU without it
 WIDE = True
+#: keep the forward pass's gradient factors for the column a model reads (:func:`query_update`); False: every
+#: backward reads the prompts and runs the forward again (the path before the factors, kept for comparison)
+FACTORS = True
 #: prompts per thread's part at most (parts are a multiple of 4, so sums do not depend on the thread count)
 PART = 8192
 MIN_SPLIT = 256  # batches under 4 × this many prompts are one part
@@ -50,6 +56,8 @@ _SIGNATURES = native_kernels.per_real(
         "qa_lanes": ([], _I),
         "qa_forward": ([_I] * 6 + [R] + [_P] * 4, _I),
         "qa_backward": ([_I] * 6 + [R] + [_P] * 6, _I),
+        "qa_forward_factors": ([_I] * 6 + [R] + [_P] * 3 + [_I] + [_P] * 3, _I),
+        "qa_factor_grads": ([_I] * 5 + [R] + [_P] * 6, _I),
     }
 )
 
@@ -75,10 +83,20 @@ def applies(z: Tensor, m: int, activation: str, *params: Tensor) -> bool:
     return bool(ok) and native(z.shape[-1]) is not None
 
 
-def query_update(z: Tensor, m: int, Q: Tensor, P: Tensor, activation: str, scale: float) -> Tensor:
+def query_update(
+    z: Tensor, m: int, Q: Tensor, P: Tensor, activation: str, scale: float, readout: int | None = None
+) -> Tensor:
     """scale · Σ_h P_h Σ_i h̃(s_iᵀ Q_h t) s_i, (B, 1, D), for the target t = z[:, -1] over the sources s_i = z[:, i],
-    i < m; ``Q``, ``P`` (H, D, D); differentiable in Q and P (call only where :func:`applies`)."""
-    out: Tensor = _QueryRow.apply(z, Q, P, (m, ACT_CODES[activation], float(scale)))  # Function.apply: unannotated
+    i < m; ``Q``, ``P`` (H, D, D); differentiable in Q and P (call only where :func:`applies`).
+
+    ``readout``: the one column of the result that the caller's loss reads (a model's label coordinate), or None.
+    Given it and a gradient to compute, the forward pass also keeps each prompt's factors of the parameter gradients
+    for that column (``qa_forward_factors``, 2·H·D numbers a prompt), and a backward whose output gradient is zero in
+    every other column sums them (``qa_factor_grads``) instead of reading the prompts and running the forward
+    again: a Zhang et al. Fig. 5 step 1.6× faster. Any other output gradient takes the full backward."""
+    grad = torch.is_grad_enabled() and (Q.requires_grad or P.requires_grad)
+    col = readout if FACTORS and grad and readout is not None else -1
+    out: Tensor = _QueryRow.apply(z, Q, P, (m, ACT_CODES[activation], float(scale), col))  # Function.apply: unannotated
     return out.unsqueeze(1)
 
 
@@ -96,43 +114,70 @@ def _check(codes: list[int]) -> None:
 
 class _QueryRow(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, z: Tensor, Q: Tensor, P: Tensor, meta: tuple[int, int, float]) -> Tensor:
-        m, act, scale = meta
+    def forward(ctx: Any, z: Tensor, Q: Tensor, P: Tensor, meta: tuple[int, int, float, int]) -> Tensor:
+        m, act, scale, col = meta
         z, Q, P = z.contiguous(), Q.detach().contiguous(), P.detach().contiguous()
         B, T, D = z.shape
         lib = native(D)
         assert lib is not None
         H = Q.shape[0]
         tag = "f32" if z.dtype == torch.float32 else "f64"
-        forward: Callable[..., int] = getattr(lib, f"qa_forward_{tag}")
         out = z.new_empty(B, D)
         bounds = _bounds(B)
+        factors = (z.new_empty(B, H, D), z.new_empty(B, H, D)) if col >= 0 else None
+        if factors is None:
+            forward: Callable[..., int] = getattr(lib, f"qa_forward_{tag}")
 
-        def run(part: tuple[int, int]) -> int:
-            s, e = part
-            return forward(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
-                           out[s:e].data_ptr())  # fmt: skip
+            def run(part: tuple[int, int]) -> int:
+                s, e = part
+                return forward(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
+                               out[s:e].data_ptr())  # fmt: skip
+
+        else:
+            with_factors: Callable[..., int] = getattr(lib, f"qa_forward_factors_{tag}")
+            U, DQ = factors
+
+            def run(part: tuple[int, int]) -> int:
+                s, e = part
+                return with_factors(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
+                                    col, out[s:e].data_ptr(), U[s:e].data_ptr(), DQ[s:e].data_ptr())  # fmt: skip
 
         _check(map_on_threads(run, bounds))
         ctx.meta, ctx.tag, ctx.bounds = meta, tag, bounds
-        ctx.save_for_backward(z, Q, P)
+        ctx.save_for_backward(z, Q, P, *(factors or ()))
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        z, Q, P = ctx.saved_tensors
-        m, act, scale = ctx.meta
+        z, Q, P, *factors = ctx.saved_tensors
+        m, act, scale, col = ctx.meta
         _, T, D = z.shape
-        backward, grad = getattr(native(D), f"qa_backward_{ctx.tag}"), grad.contiguous()
+        H, lib, grad = Q.shape[0], native(D), grad.contiguous()
+        if factors and not _other_columns(grad, col).any():
+            U, DQ = factors
+            from_factors = getattr(lib, f"qa_factor_grads_{ctx.tag}")
+
+            def call(s: int, e: int, gQ: Tensor, gP: Tensor) -> int:
+                return from_factors(e - s, T, D, H, col, scale, z[s:e].data_ptr(), U[s:e].data_ptr(),
+                                    DQ[s:e].data_ptr(), grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
+
+        else:
+            backward = getattr(lib, f"qa_backward_{ctx.tag}")
+
+            def call(s: int, e: int, gQ: Tensor, gP: Tensor) -> int:
+                return backward(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
+                                grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
 
         def run(part: tuple[int, int]) -> tuple[Tensor, Tensor]:
-            s, e = part
             gQ, gP = torch.zeros_like(Q), torch.zeros_like(P)
-            code = backward(e - s, T, m, D, Q.shape[0], act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
-                            grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
-            _check([code])
+            _check([call(*part, gQ, gP)])
             return gQ, gP
 
         parts = map_on_threads(run, ctx.bounds)
         gQ, gP = (torch.stack(g).sum(0) for g in zip(*parts, strict=True))
         return None, gQ, gP, None
+
+
+def _other_columns(grad: Tensor, col: int) -> Tensor:
+    """``grad`` (B, D) without its column ``col``: where it is all zero, the gradient is the factors' sum."""
+    return torch.cat([grad[:, :col], grad[:, col + 1 :]], dim=1)

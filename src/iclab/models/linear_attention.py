@@ -271,7 +271,10 @@ class LinearAttention(nn.Module):
         Q, P = self.Q, self.P
         if query_only:
             if _query_fast.applies(z, ctx.shape[1], self.activation, Q, P):  # the C kernel (a one-layer model)
-                upd = _query_fast.query_update(z, ctx.shape[1], Q, P, self.activation, scale)
+                # a model reads the label coordinate of the query (the last column): its gradient comes from
+                # factors kept by the forward pass (any other output gradient takes the kernel's full backward)
+                D = z.shape[-1]
+                upd = _query_fast.query_update(z, ctx.shape[1], Q, P, self.activation, scale, readout=D - 1)
                 return z[:, -1:] + upd if self.residual else upd
             z = z[:, -1:]  # targets: the query row; the sources are unchanged
         upd = attention_update(ctx, z, Q, P, (self.activation,) * self.n_heads, scale=scale)
