@@ -110,10 +110,17 @@ def test_fused_pass_is_taken_only_where_it_applies(monkeypatch):
     ep = _episode(batch=8)
     _model(("softmax",), "sparse", 2)(ep)
     assert calls == [1]
-    for kw in (dict(value="full"), dict(qk="full"), dict(activations=("linear",))):  # token pass / moment form
+    for kw in (dict(value="full"), dict(qk="full")):  # the token pass
         cfg = dict(d=5, n_layers=2, activations=("softmax",), value="sparse") | kw
         KernelTransformer(KernelTransformerConfig(**cfg), generator=generator(1)).double()(ep)
     assert calls == [1]
+    linear = KernelTransformer(KernelTransformerConfig(d=5, n_layers=2, activations=("linear",)), generator=generator(1))
+    linear.double()(ep)  # all-linear heads: the fused pass where it runs in C, else the moment form
+    assert calls == [1, 1] if _kernel_fast.uses_native(ep.x, ep.n) else [1]
+    before = len(calls)
+    monkeypatch.setattr(_kernel_fast, "NATIVE", False)
+    linear(ep)  # no C kernel: the moment form
+    assert len(calls) == before
 
 
 def test_vmap_falls_back_to_the_token_pass():
@@ -130,8 +137,8 @@ def test_the_c_kernel_is_built_where_a_compiler_is() -> None:
     if native_kernels.compiler() is None:
         pytest.skip("no C compiler or no AVX2 here")
     assert _kernel_fast.native() is not None
-    assert _kernel_fast._uses_native(torch.zeros(4, 6, 5), 6)
-    assert not _kernel_fast._uses_native(torch.zeros(4, 6, 33), 6)  # d over the kernel's limit: the torch code
+    assert _kernel_fast.uses_native(torch.zeros(4, 6, 5), 6)
+    assert not _kernel_fast.uses_native(torch.zeros(4, 6, 33), 6)  # d over the kernel's limit: the torch code
     lib = _kernel_fast.native()
     wide = native_kernels.wide_flags() != ()  # an AVX-512 CPU: twice the lanes; the Jacobian is rounded to them
     assert (lib.ka_lanes_f32(), lib.ka_lanes_f64()) == ((16, 8) if wide else (8, 4))
@@ -207,12 +214,15 @@ def test_strided_prompt_views_give_the_bits_of_contiguous_copies(value, path):
         assert all(torch.equal(g0[k], g1[k]) for k in g0)
 
 
+INSTANCES = [("exp",), ("relu",), ("softmax",), ("linear",), ("linear", "exp"), ("exp", "linear"), ("softmax", "exp")]
+
+
 @pytest.mark.parametrize("d", [3, 5])
-@pytest.mark.parametrize("acts", [("exp",), ("relu",), ("softmax",), ("softmax", "exp")], ids="-".join)
+@pytest.mark.parametrize("acts", INSTANCES, ids="-".join)
 @pytest.mark.parametrize("value", ["sparse", "label"])
 def test_every_kernel_instance_equals_the_token_pass(d, acts, value, path):
-    """The C kernel inlines a copy of its loops for d = 5 (and one per h̃ with one head and A free) and runs the
-    general loops elsewhere: each instance, with gradients (forward and backward) and without (the forward alone),
+    """The C kernel inlines a copy of its loops for d = 5 (and, with A free, one per h̃ with one head and one for the
+    (linear, exp) heads of Cheng et al.'s Fig. 4) and runs the general loops elsewhere: each instance, with gradients (forward and backward) and without (the forward alone),
     against the token pass to 1e-10 in float64."""
     task = GaussianProcess.random_rotation(tuple(1.0 / (1 + k) for k in range(d)), generator=generator(0), kernel="exp")
     ep = task.sample(21, 7, generator=generator(3), dtype=torch.float64)

@@ -30,25 +30,33 @@ enum { LINEAR = 0, RELU = 1, EXP = 2, SOFTMAX = 3 };
 enum { DMAX = 32, NMAX = 256 };
 #define KA_INLINE static inline __attribute__((always_inline))
 /* `call` (an expression in sp, the Spec it runs on) with sp = s, or where d = 5 (Cheng et al.'s experiments) on a
-   copy of s whose d, and with one head and A free also H, A != NULL and h̃, are constants of the inlined code: the
-   d-long loops over K's rows, g and the adjoints unroll into registers and the branches on h̃ and A leave the loops.
-   The same operations in the same order: the same bits. */
+   copy of s whose d, and with A free and one head (any h̃) or the two heads (linear, exp) of Fig. 4's model also H,
+   A != NULL and the h̃ of each head, are constants of the inlined code: the d-long loops over K's rows, g and the
+   adjoints unroll into registers and the branches on h̃ and A leave the loops. The same operations in the same
+   order: the same bits. */
 #define KA_DISPATCH(s, call)                                                                                           \
     do {                                                                                                               \
-        static const int one_[4][1] = {{LINEAR}, {RELU}, {EXP}, {SOFTMAX}};                                            \
-        if ((s)->d == 5 && (s)->H == 1 && (s)->A && (s)->acts[0] >= RELU && (s)->acts[0] <= SOFTMAX) {                 \
+        static const int one_[4][1] = {{LINEAR}, {RELU}, {EXP}, {SOFTMAX}}, linear_exp_[2] = {LINEAR, EXP};            \
+        if ((s)->d == 5 && (s)->A && (((s)->H == 1 && (s)->acts[0] >= LINEAR && (s)->acts[0] <= SOFTMAX) ||            \
+                                      ((s)->H == 2 && (s)->acts[0] == LINEAR && (s)->acts[1] == EXP))) {               \
             Spec c_ = *(s);                                                                                            \
             const Spec *sp = &c_;                                                                                      \
-            c_.d = 5, c_.D = 6, c_.H = 1;                                                                              \
+            c_.d = 5, c_.D = 6;                                                                                        \
             if (!c_.A) __builtin_unreachable();                                                                        \
-            if (c_.acts[0] == EXP) {                                                                                   \
-                c_.acts = one_[EXP];                                                                                   \
+            if (c_.H == 2) {                                                                                           \
+                c_.H = 2, c_.acts = linear_exp_;                                                                       \
+                call;                                                                                                  \
+            } else if (c_.acts[0] == EXP) {                                                                            \
+                c_.H = 1, c_.acts = one_[EXP];                                                                         \
                 call;                                                                                                  \
             } else if (c_.acts[0] == RELU) {                                                                           \
-                c_.acts = one_[RELU];                                                                                  \
+                c_.H = 1, c_.acts = one_[RELU];                                                                        \
+                call;                                                                                                  \
+            } else if (c_.acts[0] == LINEAR) {                                                                         \
+                c_.H = 1, c_.acts = one_[LINEAR];                                                                      \
                 call;                                                                                                  \
             } else {                                                                                                   \
-                c_.acts = one_[SOFTMAX];                                                                               \
+                c_.H = 1, c_.acts = one_[SOFTMAX];                                                                     \
                 call;                                                                                                  \
             }                                                                                                          \
         } else if ((s)->d == 5) {                                                                                      \

@@ -390,7 +390,8 @@ def _check(codes: list[int]) -> None:
         raise ValueError("_kernel_attn.c takes d <= 32 covariates and n <= 256 context tokens")
 
 
-def _uses_native(x: Tensor, n: int) -> bool:
+def uses_native(x: Tensor, n: int) -> bool:
+    """Whether :func:`kernel_stack` runs these covariates (B, n, d) by the C kernel."""
     ok = x.dtype in (torch.float32, torch.float64) and x.device.type == "cpu" and x.shape[-1] <= 32 and n <= 256
     return NATIVE and ok and native() is not None
 
@@ -421,5 +422,5 @@ def kernel_stack(
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (K, A, r))
     meta = (n, tuple(activations), float(scale), logit_cap, int(chunk), A is not None, grad)
     A_arg = A if A is not None else K.new_zeros(0)
-    node: type[torch.autograd.Function] = _NativeStack if _uses_native(x, n) else _Stack
+    node: type[torch.autograd.Function] = _NativeStack if uses_native(x, n) else _Stack
     return cast(Tensor, node.apply(x, y, x_query, K, A_arg, r, meta))  # Function.apply is unannotated
