@@ -114,7 +114,9 @@ def test_fused_pass_is_taken_only_where_it_applies(monkeypatch):
         cfg = dict(d=5, n_layers=2, activations=("softmax",), value="sparse") | kw
         KernelTransformer(KernelTransformerConfig(**cfg), generator=generator(1)).double()(ep)
     assert calls == [1]
-    linear = KernelTransformer(KernelTransformerConfig(d=5, n_layers=2, activations=("linear",)), generator=generator(1))
+    linear = KernelTransformer(
+        KernelTransformerConfig(d=5, n_layers=2, activations=("linear",)), generator=generator(1)
+    )
     linear.double()(ep)  # all-linear heads: the fused pass where it runs in C, else the moment form
     assert calls == [1, 1] if _kernel_fast.uses_native(ep.x, ep.n) else [1]
     before = len(calls)
