@@ -11,7 +11,7 @@
        dQ_h += (Σ_i dl_i s_i) tᵀ,
    summed in lanes, then over lanes in a fixed order, so the result depends on the caller's split of the batch, not on
    its threads. qa_forward_factors is qa_forward that also runs that backward for dL/d(out) = e_col (one column, the
-   label a model reads) and writes each prompt's u and dq per head; qa_factor_grads then gives the gradients for
+   label a model reads) and writes each group's u and dq per head; qa_factor_grads then gives the gradients for
    dL/d(out) = g e_col from them without reading the sources or running the forward again (dl is linear in du).
    A group is W prompts: its m x D sources are gathered once into vectors (L1-resident at Fig. 5's 32 x 5), every
    per-prompt quantity lives in a vector, and nothing of size B x H x m is ever written to memory (the torch pass
@@ -58,11 +58,11 @@ static void NAME(gather)(const real *x, long rows, long r, long count, int D, lo
     }
 }
 
-/* vectors v[0 … DIM − 1]'s lanes 0 … nb − 1 into x[(b0 + w) * stride + k] */
-static void NAME(scatter)(const V *v, long stride, long b0, int nb, real *x) {
+/* vector v's lanes 0 … nb − 1 into x[(b0 + w) * D + k] */
+static void NAME(scatter)(const V *v, int D, long b0, int nb, real *x) {
     const real *f = (const real *)v;
     for (int w = 0; w < nb; w++)
-        for (int k = 0; k < DIM; k++) x[(b0 + w) * stride + k] = f[k * W + w];
+        for (int k = 0; k < DIM; k++) x[(b0 + w) * D + k] = f[k * W + w];
 }
 
 /* u (D) = Σ_i c_i s_i over the m sources, as two interleaved sums (even and odd i) so that twice as many
@@ -190,13 +190,15 @@ int NAME(qa_backward)(int B, int T, int m, int D, int H, int act, real scale, co
     return 0;
 }
 
-/* qa_forward's out and, for a gradient on out[:, col] alone, each prompt's factors of dL/dQ and dL/dP: U, DQ
-   (B, H, D) hold u and dq = Σ_i dl_i s_i for dL/d(out) = e_col (du = scale P_hᵀ e_col, the same for every prompt).
-   dl is linear in du, so for dL/d(out) = g e_col, dL/dP_h = scale Σ_b g_b e_col u_bᵀ and dL/dQ_h = Σ_b g_b dq_b t_bᵀ
-   (qa_factor_grads): one pass over the prompts gives the value and what the backward needs, which then reads
-   2 H D numbers a prompt instead of its m + 1 tokens and does not run the forward again. Codes as qa_forward */
+/* qa_forward's out and, for a gradient on out[:, col] alone, each group's factors of dL/dQ and dL/dP: F holds, per
+   group of W prompts (the last one padded) and head, the vectors u (DIM) and dq = Σ_i dl_i s_i (DIM) for
+   dL/d(out) = e_col (du = scale P_hᵀ e_col, the same for every prompt), lanes as the prompts: 2 H DIM W reals a group,
+   stored as the kernel holds them. dl is linear in du, so for dL/d(out) = g e_col, dL/dP_h = scale Σ_b g_b e_col u_bᵀ
+   and dL/dQ_h = Σ_b g_b dq_b t_bᵀ (qa_factor_grads): one pass over the prompts gives the value and what the backward
+   needs, which then reads 2 H D numbers a prompt instead of its m + 1 tokens and does not run the forward again.
+   Codes as qa_forward */
 int NAME(qa_forward_factors)(int B, int T, int m, int D, int H, int act, real scale, const real *z, const real *Q,
-                             const real *P, int col, real *out, real *U, real *DQ) {
+                             const real *P, int col, real *out, real *F) {
     if (NAME(bad)(m, D, act) || col < 0 || col >= DIM) return 2;
     long dd = (long)DIM * DIM;
     V *buf = aligned_alloc(VALIGN, sizeof(V) * ((long)m * D + m + 5 * DIM));
@@ -204,12 +206,13 @@ int NAME(qa_forward_factors)(int B, int T, int m, int D, int H, int act, real sc
     unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ */
     V *S = buf, *a = S + (long)m * D, *t = a + m, *q = t + DIM, *u = q + DIM, *o = u + DIM, *du = o + DIM;
+    real *Fg = F;
     for (long b0 = 0; b0 < B; b0 += W) {
         int nb = B - b0 < W ? (int)(B - b0) : W;
         NAME(gather)(z, T, 0, m, D, b0, nb, S);
         NAME(gather)(z, T, T - 1, 1, D, b0, nb, t);
         for (int e = 0; e < DIM; e++) o[e] = ZERO;
-        for (int h = 0; h < H; h++) {
+        for (int h = 0; h < H; h++, Fg += 2 * DIM * W) {
             const real *Ph = P + h * dd;
             NAME(head)(m, act, Q + h * dd, S, t, q, a, u);
             for (int e = 0; e < DIM; e++) {
@@ -217,10 +220,9 @@ int NAME(qa_forward_factors)(int B, int T, int m, int D, int H, int act, real sc
                 for (int k = 0; k < DIM; k++) acc = FMA(SET1(scale * Ph[e * DIM + k]), u[k], acc);
                 o[e] = acc;
             }
-            for (int k = 0; k < DIM; k++) du[k] = SET1(scale * Ph[col * DIM + k]);
-            NAME(scatter)(u, (long)H * D, b0, nb, U + (long)h * D);
+            for (int k = 0; k < DIM; k++) du[k] = SET1(scale * Ph[col * DIM + k]), STOREU(Fg + k * W, u[k]);
             NAME(head_back)(m, act, S, a, u, du, q); /* q becomes dq */
-            NAME(scatter)(q, (long)H * D, b0, nb, DQ + (long)h * D);
+            for (int k = 0; k < DIM; k++) STOREU(Fg + (DIM + k) * W, q[k]);
         }
         NAME(scatter)(o, D, b0, nb, out);
     }
@@ -228,27 +230,26 @@ int NAME(qa_forward_factors)(int B, int T, int m, int D, int H, int act, real sc
     return 0;
 }
 
-/* adds dL/dQ, dL/dP (H, D, D) for dL/d(out) = g e_col from qa_forward_factors' U, DQ (B, H, D) and the targets
-   z[:, T − 1]; gout (B, D) is read at column col only. Summed in lanes, then over lanes in a fixed order */
-int NAME(qa_factor_grads)(int B, int T, int D, int H, int col, real scale, const real *z, const real *U,
-                          const real *DQ, const real *gout, real *gQ, real *gP) {
+/* adds dL/dQ, dL/dP (H, D, D) for dL/d(out) = g e_col from qa_forward_factors' F and the targets z[:, T − 1];
+   gout (B, D) is read at column col only. Summed in lanes, then over lanes in a fixed order */
+int NAME(qa_factor_grads)(int B, int T, int D, int H, int col, real scale, const real *z, const real *F,
+                          const real *gout, real *gQ, real *gP) {
     if (D != DIM || col < 0 || col >= DIM) return 2;
     long dd = (long)DIM * DIM;
-    V *buf = aligned_alloc(VALIGN, sizeof(V) * (4 * DIM + H * dd + H * DIM));
+    V *buf = aligned_alloc(VALIGN, sizeof(V) * (2 * DIM + H * dd + H * DIM));
     if (!buf) return 1;
-    V *t = buf, *g = t + DIM, *u = g + DIM, *dq = u + DIM, *accQ = dq + DIM, *accP = accQ + H * dd;
+    V *t = buf, *g = t + DIM, *accQ = g + DIM, *accP = accQ + H * dd;
     for (long i = 0; i < H * dd + H * DIM; i++) accQ[i] = ZERO;
+    const real *Fg = F;
     for (long b0 = 0; b0 < B; b0 += W) {
         int nb = B - b0 < W ? (int)(B - b0) : W;
         NAME(gather)(z, T, T - 1, 1, D, b0, nb, t);
         NAME(gather)(gout, 1, 0, 1, D, b0, nb, g);
-        for (int h = 0; h < H; h++) {
+        for (int h = 0; h < H; h++, Fg += 2 * DIM * W) {
             V *aQ = accQ + h * dd, *aP = accP + h * DIM;
-            NAME(gather)(U, H, h, 1, D, b0, nb, u);
-            NAME(gather)(DQ, H, h, 1, D, b0, nb, dq);
             for (int k = 0; k < DIM; k++) {
-                aP[k] = FMA(g[col], u[k], aP[k]);
-                V gq = MUL(g[col], dq[k]);
+                aP[k] = FMA(g[col], LOADU(Fg + k * W), aP[k]);
+                V gq = MUL(g[col], LOADU(Fg + (DIM + k) * W));
                 for (int j = 0; j < DIM; j++) aQ[k * DIM + j] = FMA(gq, t[j], aQ[k * DIM + j]);
             }
         }

@@ -56,8 +56,8 @@ _SIGNATURES = native_kernels.per_real(
         "qa_lanes": ([], _I),
         "qa_forward": ([_I] * 6 + [R] + [_P] * 4, _I),
         "qa_backward": ([_I] * 6 + [R] + [_P] * 6, _I),
-        "qa_forward_factors": ([_I] * 6 + [R] + [_P] * 3 + [_I] + [_P] * 3, _I),
-        "qa_factor_grads": ([_I] * 5 + [R] + [_P] * 6, _I),
+        "qa_forward_factors": ([_I] * 6 + [R] + [_P] * 3 + [_I] + [_P] * 2, _I),
+        "qa_factor_grads": ([_I] * 5 + [R] + [_P] * 5, _I),
     }
 )
 
@@ -124,7 +124,14 @@ class _QueryRow(torch.autograd.Function):
         tag = "f32" if z.dtype == torch.float32 else "f64"
         out = z.new_empty(B, D)
         bounds = _bounds(B)
-        factors = (z.new_empty(B, H, D), z.new_empty(B, H, D)) if col >= 0 else None
+        if col >= 0:  # each part's groups of W prompts, 2·H·D vectors a group (the kernel's layout)
+            W = getattr(lib, f"qa_lanes_{tag}")()
+            starts = [0]
+            for s, e in bounds:
+                starts.append(starts[-1] + -(-(e - s) // W) * 2 * H * D * W)
+            factors: tuple[Tensor, list[int]] | None = (z.new_empty(starts[-1]), starts)
+        else:
+            factors = None
         if factors is None:
             forward: Callable[..., int] = getattr(lib, f"qa_forward_{tag}")
 
@@ -135,16 +142,18 @@ class _QueryRow(torch.autograd.Function):
 
         else:
             with_factors: Callable[..., int] = getattr(lib, f"qa_forward_factors_{tag}")
-            U, DQ = factors
+            F, starts = factors
+            at = {part: F[o:].data_ptr() for part, o in zip(bounds, starts, strict=False)}
 
             def run(part: tuple[int, int]) -> int:
                 s, e = part
                 return with_factors(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
-                                    col, out[s:e].data_ptr(), U[s:e].data_ptr(), DQ[s:e].data_ptr())  # fmt: skip
+                                    col, out[s:e].data_ptr(), at[part])  # fmt: skip
 
         _check(map_on_threads(run, bounds))
         ctx.meta, ctx.tag, ctx.bounds = meta, tag, bounds
-        ctx.save_for_backward(z, Q, P, *(factors or ()))
+        ctx.starts = factors[1] if factors is not None else None
+        ctx.save_for_backward(z, Q, P, *([factors[0]] if factors is not None else []))
         return out
 
     @staticmethod
@@ -154,15 +163,15 @@ class _QueryRow(torch.autograd.Function):
         _, T, D = z.shape
         H, lib, grad = Q.shape[0], native(D), grad.contiguous()
         if factors and not _other_columns(grad, col).any():
-            U, DQ = factors
-            from_factors = getattr(lib, f"qa_factor_grads_{ctx.tag}")
+            (F,), at = factors, {part: o for part, o in zip(ctx.bounds, ctx.starts, strict=False)}
+            from_factors: Callable[..., int] = getattr(lib, f"qa_factor_grads_{ctx.tag}")
 
             def call(s: int, e: int, gQ: Tensor, gP: Tensor) -> int:
-                return from_factors(e - s, T, D, H, col, scale, z[s:e].data_ptr(), U[s:e].data_ptr(),
-                                    DQ[s:e].data_ptr(), grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
+                return from_factors(e - s, T, D, H, col, scale, z[s:e].data_ptr(), F[at[s, e]:].data_ptr(),
+                                    grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
 
         else:
-            backward = getattr(lib, f"qa_backward_{ctx.tag}")
+            backward: Callable[..., int] = getattr(lib, f"qa_backward_{ctx.tag}")
 
             def call(s: int, e: int, gQ: Tensor, gP: Tensor) -> int:
                 return backward(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
