@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from iclab.bench import alternate
+from iclab.core.devices import tune_cpu_allocator
 from iclab.core.io import atomic_write_json
 from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
@@ -46,6 +47,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    tune_cpu_allocator()  # as the ``iclab`` CLI trains: the factors' buffer is reused, not mapped afresh every step
     dev = torch.device("cpu")
     ep = LinearRegression(d=4).sample(args.prompts, 31, generator=generator(0), dtype=torch.float64)
     rows = {}
