@@ -93,7 +93,7 @@ def query_update(
     Given it and a gradient to compute, the forward pass also keeps each prompt's factors of the parameter gradients
     for that column (``qa_forward_factors``, 2·H·D numbers a prompt), and a backward whose output gradient is zero in
     every other column sums them (``qa_factor_grads``) instead of reading the prompts and running the forward
-    again: a Zhang et al. Fig. 5 step 1.6× faster. Any other output gradient takes the full backward."""
+    again: a Zhang et al. Fig. 5 step 1.4-1.6× faster. Any other output gradient takes the full backward."""
     grad = torch.is_grad_enabled() and (Q.requires_grad or P.requires_grad)
     col = readout if FACTORS and grad and readout is not None else -1
     out: Tensor = _QueryRow.apply(z, Q, P, (m, ACT_CODES[activation], float(scale), col))  # Function.apply: unannotated
