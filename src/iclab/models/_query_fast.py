@@ -124,15 +124,8 @@ class _QueryRow(torch.autograd.Function):
         tag = "f32" if z.dtype == torch.float32 else "f64"
         out = z.new_empty(B, D)
         bounds = _bounds(B)
-        if col >= 0:  # each part's groups of W prompts, 2·H·D vectors a group (the kernel's layout)
-            W = getattr(lib, f"qa_lanes_{tag}")()
-            starts = [0]
-            for s, e in bounds:
-                starts.append(starts[-1] + -(-(e - s) // W) * 2 * H * D * W)
-            factors: tuple[Tensor, list[int]] | None = (z.new_empty(starts[-1]), starts)
-        else:
-            factors = None
-        if factors is None:
+        F, offset = None, None
+        if col < 0:
             forward: Callable[..., int] = getattr(lib, f"qa_forward_{tag}")
 
             def run(part: tuple[int, int]) -> int:
@@ -142,18 +135,17 @@ class _QueryRow(torch.autograd.Function):
 
         else:
             with_factors: Callable[..., int] = getattr(lib, f"qa_forward_factors_{tag}")
-            F, starts = factors
-            at = {part: F[o:].data_ptr() for part, o in zip(bounds, starts, strict=False)}
+            offset, size = _factor_offsets(bounds, getattr(lib, f"qa_lanes_{tag}")(), 2 * H * D)
+            F = z.new_empty(size)
 
             def run(part: tuple[int, int]) -> int:
                 s, e = part
                 return with_factors(e - s, T, m, D, H, act, scale, z[s:e].data_ptr(), Q.data_ptr(), P.data_ptr(),
-                                    col, out[s:e].data_ptr(), at[part])  # fmt: skip
+                                    col, out[s:e].data_ptr(), F[offset[part]:].data_ptr())  # fmt: skip
 
         _check(map_on_threads(run, bounds))
-        ctx.meta, ctx.tag, ctx.bounds = meta, tag, bounds
-        ctx.starts = factors[1] if factors is not None else None
-        ctx.save_for_backward(z, Q, P, *([factors[0]] if factors is not None else []))
+        ctx.meta, ctx.tag, ctx.bounds, ctx.offset = meta, tag, bounds, offset
+        ctx.save_for_backward(z, Q, P, *([] if F is None else [F]))
         return out
 
     @staticmethod
@@ -163,11 +155,11 @@ class _QueryRow(torch.autograd.Function):
         _, T, D = z.shape
         H, lib, grad = Q.shape[0], native(D), grad.contiguous()
         if factors and not _other_columns(grad, col).any():
-            (F,), at = factors, {part: o for part, o in zip(ctx.bounds, ctx.starts, strict=False)}
+            (F,), offset = factors, ctx.offset
             from_factors: Callable[..., int] = getattr(lib, f"qa_factor_grads_{ctx.tag}")
 
             def call(s: int, e: int, gQ: Tensor, gP: Tensor) -> int:
-                return from_factors(e - s, T, D, H, col, scale, z[s:e].data_ptr(), F[at[s, e]:].data_ptr(),
+                return from_factors(e - s, T, D, H, col, scale, z[s:e].data_ptr(), F[offset[s, e]:].data_ptr(),
                                     grad[s:e].data_ptr(), gQ.data_ptr(), gP.data_ptr())  # fmt: skip
 
         else:
@@ -185,6 +177,15 @@ class _QueryRow(torch.autograd.Function):
         parts = map_on_threads(run, ctx.bounds)
         gQ, gP = (torch.stack(g).sum(0) for g in zip(*parts, strict=True))
         return None, gQ, gP, None
+
+
+def _factor_offsets(bounds: list[tuple[int, int]], lanes: int, per_lane: int) -> tuple[dict[tuple[int, int], int], int]:
+    """Where each part's factors start in one buffer (its groups of ``lanes`` prompts, the last one padded, each
+    ``per_lane`` vectors), and the buffer's size in reals."""
+    offset, at = {}, 0
+    for s, e in bounds:
+        offset[s, e], at = at, at + -(-(e - s) // lanes) * per_lane * lanes
+    return offset, at
 
 
 def _other_columns(grad: Tensor, col: int) -> Tensor:
