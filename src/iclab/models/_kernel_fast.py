@@ -22,6 +22,9 @@ and float64): 8 (4) prompts in the lanes of a vector, 16 (8) with AVX-512 (:data
 weights and adjoints in registers, built on first use (:mod:`iclab.core.native`; ``ICLAB_NATIVE=0`` or
 :data:`NATIVE` = False: the torch code).
 
+Both backwards are hand-written, so the pass is differentiable once: a backward with ``create_graph`` raises and
+names the pass with second derivatives (``model.fast = False``) instead of returning gradients without a graph.
+
 Exactness: ``tests/test_kernel_fast.py`` checks values and every parameter gradient against the
 token-level evaluation (:meth:`KernelTransformer.forward_tokens`) in float64 to 1e-10, for each h̃ and
 value pattern; docs/performance.md has the timings beside the authors' code.
@@ -169,6 +172,7 @@ class _Stack(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        _first_derivative_only()
         K, A, r = ctx.saved_tensors
         n, acts, scale, _cap, chunk, has_A, _grad = ctx.meta
         A_ = A if has_A else None
@@ -338,6 +342,7 @@ class _NativeStack(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        _first_derivative_only()
         x, y, xq, K, A, r = ctx.saved_tensors
         has_A = ctx.meta[-2]
         backward, grad = getattr(native(), f"ka_backward_{ctx.tag}"), grad.contiguous()
@@ -388,6 +393,17 @@ def _check(codes: list[int]) -> None:
         raise MemoryError("_kernel_attn.c could not allocate its scratch buffers")
     if any(codes):
         raise ValueError("_kernel_attn.c takes d <= 32 covariates and n <= 256 context tokens")
+
+
+def _first_derivative_only() -> None:
+    """A backward run with ``create_graph`` (grad mode on inside it) would return gradients that carry no graph:
+    second derivatives would come out as zero. Refuse, and name the differentiable pass."""
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "KernelTransformer's fused pass has a hand-written backward and is differentiable once; for second "
+            "derivatives (create_graph=True) set model.fast = False (the token pass, or the moment form for "
+            "all-linear heads)"
+        )
 
 
 def uses_native(x: Tensor, n: int) -> bool:
