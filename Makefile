@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks scripts docs/hooks.py docs/tutorials
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -n 2
-	ICLAB_NATIVE=0 $(PY) -m pytest -q -n 0 tests/test_kernel_fast.py tests/test_categorical_fast.py tests/test_bilinear_fast.py tests/test_query_fast.py tests/test_moment_fast.py tests/test_symabs.py tests/test_native.py tests/test_lbfgs.py
+	ICLAB_NATIVE=0 $(PY) -m pytest -q -n 0 tests/test_kernel_fast.py tests/test_categorical_fast.py tests/test_bilinear_fast.py tests/test_query_fast.py tests/test_moment_fast.py tests/test_symabs.py tests/test_native.py tests/test_lbfgs.py tests/test_second_derivatives.py
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "slow or not slow"

@@ -125,22 +125,6 @@ def test_fused_pass_is_taken_only_where_it_applies(monkeypatch):
     assert len(calls) == before
 
 
-@pytest.mark.parametrize("acts", [("linear",), ("exp",)], ids="-".join)
-def test_second_derivatives_are_refused_by_the_fused_pass_and_given_by_the_token_pass(acts, path):
-    """The fused pass's backward is hand-written: with create_graph it would return gradients without a graph (zero
-    second derivatives), so it refuses and names the pass that has them; model.fast = False gives them."""
-    model, ep = _model(acts, "sparse", 2), _episode(batch=10)
-    params = list(model.parameters())
-    loss = (model(ep) - ep.y_query).pow(2).mean()
-    if acts != ("linear",) or _kernel_fast.uses_native(ep.x, ep.n):  # all-linear heads without C: the moment form
-        with pytest.raises(RuntimeError, match="model.fast = False"):
-            torch.autograd.grad(loss, params, create_graph=True)
-    model.fast = False
-    grads = torch.autograd.grad((model(ep) - ep.y_query).pow(2).mean(), params, create_graph=True)
-    hess = torch.autograd.grad(sum(g.pow(2).sum() for g in grads), params, allow_unused=True)
-    assert any(h is not None and bool(h.abs().sum() > 0) for h in hess)
-
-
 def test_vmap_falls_back_to_the_token_pass():
     model = _model(("softmax",), "sparse", 2)
     ep = _episode(batch=6)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -31,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -88,6 +89,27 @@ _loaded: dict[_Key, ctypes.CDLL | None] = {}
 _records: dict[_Key, Record] = {}
 _warned: set[Path] = set()  # sources whose fallback has warned in this process
 _pruned: list[Path] = []  # what prune removed in this process
+
+
+def first_order(remedy: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """For the backward of an autograd Function whose gradients carry no graph (a C kernel's, or a hand-written one
+    on tensors it made in the forward): a backward run with ``create_graph`` (grad mode on inside it) raises and
+    says ``remedy`` (where the second derivatives are), instead of returning gradients whose own derivatives would
+    silently be zero. Put it under ``@staticmethod``."""
+
+    def wrap(backward: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(backward)
+        def checked(ctx: Any, *grads: Any) -> Any:
+            if torch.is_grad_enabled():
+                raise RuntimeError(
+                    "this fused pass has a hand-written backward and is differentiable once; for second derivatives "
+                    f"(create_graph=True) {remedy}"
+                )
+            return backward(ctx, *grads)
+
+        return checked
+
+    return wrap
 
 
 def per_real(signatures: Callable[[type], dict[str, Signature]]) -> dict[str, Signature]:

@@ -26,8 +26,8 @@ sub-layers while they are in cache, and the backward is written by hand:
   (no input gradient). ``live`` entries: the prompt's scratch rows are zero, so the first FFN reads (1, x) only.
 
 Chunks run on torch's threads (:func:`~iclab.core.threads.map_on_threads`); the chunk sums are added in chunk order,
-so the result does not depend on the thread count. The backward is not itself differentiable (``once_differentiable``):
-:meth:`BilinearTransformer.forward_tokens` is the path for higher derivatives and ``torch.func`` transforms.
+so the result does not depend on the thread count. The backward is not itself differentiable (a backward with
+``create_graph`` raises, :func:`iclab.core.native.first_order`): :meth:`BilinearTransformer.forward_tokens` is the path for higher derivatives and ``torch.func`` transforms.
 Exactness: tests/test_bilinear_fast.py checks values and every parameter gradient against the token-level layers in
 float64 to 1e-10, for both orders, dense, sparse and no FFN, several heads, label scaling and ragged chunks.
 """
@@ -43,7 +43,6 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from iclab.core import native as native_kernels
 from iclab.core.threads import map_on_threads, split_evenly
@@ -264,7 +263,7 @@ class _Stack(torch.autograd.Function):
         return torch.cat(slots)
 
     @staticmethod
-    @once_differentiable
+    @native_kernels.first_order("use model.forward_tokens(episode), the token pass")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         plan, chunk = ctx.plan, ctx.chunk
         (z0,) = ctx.saved_tensors
@@ -333,7 +332,7 @@ class _NativeStack(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @native_kernels.first_order("use model.forward_tokens(episode), the token pass")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         z0, wts, *flat = ctx.saved_tensors
         _codes, off, J = ctx.keep

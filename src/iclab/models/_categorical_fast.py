@@ -138,6 +138,7 @@ class _SharedKVSoftmax(torch.autograd.Function):
         return o
 
     @staticmethod
+    @native_kernels.first_order("set model.fast = False (the plain torch pass)")
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
         q, s, p, inv = ctx.saved_tensors
         rx, ru = ctx.widths
@@ -210,6 +211,7 @@ class _CrossSoftmax(torch.autograd.Function):
         return o
 
     @staticmethod
+    @native_kernels.first_order("set model.fast = False (the plain torch pass)")
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, keys, values = ctx.saved_tensors
         g = g.contiguous()

@@ -171,8 +171,8 @@ class _Stack(torch.autograd.Function):
         return torch.cat([c[0] for c in done])
 
     @staticmethod
+    @native_kernels.first_order("set model.fast = False (the token pass, or the moment form for all-linear heads)")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        _first_derivative_only()
         K, A, r = ctx.saved_tensors
         n, acts, scale, _cap, chunk, has_A, _grad = ctx.meta
         A_ = A if has_A else None
@@ -341,8 +341,8 @@ class _NativeStack(torch.autograd.Function):
         return out
 
     @staticmethod
+    @native_kernels.first_order("set model.fast = False (the token pass, or the moment form for all-linear heads)")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
-        _first_derivative_only()
         x, y, xq, K, A, r = ctx.saved_tensors
         has_A = ctx.meta[-2]
         backward, grad = getattr(native(), f"ka_backward_{ctx.tag}"), grad.contiguous()
@@ -393,17 +393,6 @@ def _check(codes: list[int]) -> None:
         raise MemoryError("_kernel_attn.c could not allocate its scratch buffers")
     if any(codes):
         raise ValueError("_kernel_attn.c takes d <= 32 covariates and n <= 256 context tokens")
-
-
-def _first_derivative_only() -> None:
-    """A backward run with ``create_graph`` (grad mode on inside it) would return gradients that carry no graph:
-    second derivatives would come out as zero. Refuse, and name the differentiable pass."""
-    if torch.is_grad_enabled():
-        raise RuntimeError(
-            "KernelTransformer's fused pass has a hand-written backward and is differentiable once; for second "
-            "derivatives (create_graph=True) set model.fast = False (the token pass, or the moment form for "
-            "all-linear heads)"
-        )
 
 
 def uses_native(x: Tensor, n: int) -> bool:

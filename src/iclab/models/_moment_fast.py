@@ -15,7 +15,7 @@ the same numbers on any thread count.
 Where the kernel cannot be built, with ``ICLAB_NATIVE=0`` or :data:`NATIVE` = False, under ``torch.func`` transforms,
 or with a prompt that needs a gradient, :meth:`AttentionStack.forward <iclab.models.attention_core.AttentionStack.
 forward>` runs the same moment form in torch (the same numbers up to rounding). The backward is not itself
-differentiable (``once_differentiable``): :meth:`~iclab.models.attention_core.AttentionStack.forward_tokens` and
+differentiable (a backward with ``create_graph`` raises, :func:`iclab.core.native.first_order`): :meth:`~iclab.models.attention_core.AttentionStack.forward_tokens` and
 that torch path serve higher derivatives. Exactness: tests/test_moment_fast.py checks values and every parameter
 gradient against the token-level layers in float64 to 1e-10, for each pattern, L ∈ {1, 3, 4} and odd batches.
 """
@@ -30,7 +30,6 @@ from typing import Any, cast
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from iclab.core import native as native_kernels
 from iclab.core.private_torch import is_transformed
@@ -173,7 +172,7 @@ class _NativeMoments(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    @native_kernels.first_order("use model.forward_tokens(episode), the token pass")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         gram, q, P, Q = ctx.saved_tensors
         D, B = q.shape

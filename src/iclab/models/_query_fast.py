@@ -149,6 +149,7 @@ class _QueryRow(torch.autograd.Function):
         return out
 
     @staticmethod
+    @native_kernels.first_order("run with ICLAB_NATIVE=0 (the torch code of the same layer)")
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         z, Q, P, *factors = ctx.saved_tensors
         m, act, scale, col = ctx.meta
