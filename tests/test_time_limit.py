@@ -150,6 +150,37 @@ def test_cli_run_stops_mid_run_and_continues_with_the_same_claims(tmp_path: Path
     assert progress_text(run_dir) == "1 run finished"
 
 
+def test_a_finished_experiment_counts_the_time_of_every_piece(tmp_path: Path, monkeypatch) -> None:
+    """summary.json's seconds are the wall time of all pieces (the stopped ones kept in pieces.json, which the finish
+    folds into the summary and removes), and ``pieces`` says how many; a run in one piece has no ``pieces``."""
+    calls = {"n": 0}
+    real = stop.should_stop
+
+    def stop_every_4th() -> bool:
+        calls["n"] += 1
+        if calls["n"] % 4 == 0:
+            stop.request("SIGTERM")
+        return real()
+
+    monkeypatch.setattr(stop, "should_stop", stop_every_4th)
+    cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path)]
+    for _ in range(2):
+        assert CliRunner().invoke(app, cli).exit_code == 75
+    run_dir = next((tmp_path / EXP).iterdir())
+    stopped = [p["seconds"] for p in json.loads((run_dir / "pieces.json").read_text())]
+    assert len(stopped) == 2 and all(s > 0 for s in stopped)
+    monkeypatch.setattr(stop, "should_stop", real)
+    assert CliRunner().invoke(app, cli).exit_code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["pieces"] == 3 and summary["seconds"] > sum(stopped)
+    assert not (run_dir / "pieces.json").exists()
+    assert CliRunner().invoke(app, cli).exit_code == 0  # reused: the same time and pieces
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    one = tmp_path / "one"
+    assert CliRunner().invoke(app, ["run", EXP, "--preset", "smoke", "--out", str(one)]).exit_code == 0
+    assert "pieces" not in json.loads(next((one / EXP).iterdir()).joinpath("summary.json").read_text())
+
+
 def test_cli_train_stops_and_continues(tmp_path: Path, monkeypatch) -> None:
     """``iclab train``: SIGTERM at the 4th stop check (before the steps, then after steps 1-3) exits 75 at step 3;
     the same command finishes with the metrics of an uninterrupted run."""
@@ -221,3 +252,17 @@ def test_a_second_signal_kills_at_once(tmp_path: Path) -> None:
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert p.returncode == -signal.SIGINT and p.stdout == "first\n", p.stderr
+
+
+@pytest.mark.parametrize(
+    "text", ["[1, 2", "[1, 2]", "3", '{"seconds": 3}', '[{"seconds": -1}]', '[{"seconds": "abc"}]']
+)
+def test_a_damaged_pieces_file_is_moved_aside_and_its_time_not_counted(tmp_path: Path, text: str) -> None:
+    from iclab.experiments.runner import add_piece, pieces_seconds
+
+    (tmp_path / "pieces.json").write_text(text)
+    assert pieces_seconds(tmp_path) == []
+    assert not (tmp_path / "pieces.json").exists() and list(tmp_path.iterdir())  # quarantined beside
+    add_piece(tmp_path, 2.5)
+    add_piece(tmp_path, 1.0)
+    assert pieces_seconds(tmp_path) == [2.5, 1.0]

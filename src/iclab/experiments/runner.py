@@ -195,6 +195,7 @@ def _run_locked(
         try:
             results = exp.run(cfg, ctx)
         except Stopped as e:  # its runs checkpointed: no results, no claims (the experiment is not finished)
+            add_piece(run_dir, time.perf_counter() - t0)
             raise Stopped(f"{exp.name}: {progress_text(run_dir, e.not_started)}", e.reason, e.not_started) from None
         try:
             atomic_torch_save(results_path, results)
@@ -205,9 +206,12 @@ def _run_locked(
             ) from e
         figures = exp.plot(results, cfg, run_dir)
         claims = judge(preset, exp.claims(results, cfg))
-    seconds = time.perf_counter() - t0
+    seconds, pieces = time.perf_counter() - t0, 1
     if reused:  # a damaged summary only loses the first run's time
-        seconds = stored_seconds(run_dir, seconds)
+        seconds, pieces = stored_seconds(run_dir, seconds), stored_pieces(run_dir)
+    else:  # an experiment stopped on a deadline and continued: the time of every piece
+        earlier = pieces_seconds(run_dir)
+        seconds, pieces = seconds + sum(earlier), 1 + len(earlier)
     atomic_write_json(run_dir / "claims.json", [c.to_dict() for c in claims])
     atomic_write_json(
         run_dir / "summary.json",
@@ -217,8 +221,10 @@ def _run_locked(
             "seconds": seconds,
             "passed": all(c.passed for c in claims if c.checked),
             "figures": [f.name for f in figures],
-        },
+        }
+        | ({"pieces": pieces} if pieces > 1 else {}),
     )
+    (run_dir / PIECES).unlink(missing_ok=True)  # their time is in the summary now
     return ExperimentResult(exp, preset, cfg, run_dir, results, claims, figures, seconds, reused)
 
 
@@ -291,6 +297,47 @@ def reuse_results(
     dest = quarantine(path)
     log.warning("damaged results %s: %s; moved to %s, recomputing", path, reason, dest.name)
     return None
+
+
+PIECES = "pieces.json"
+
+
+def add_piece(run_dir: Path, seconds: float) -> None:
+    """Keep the wall time of a piece of the experiment that stopped on a deadline or a signal (``PIECES``: one entry
+    per piece), so that the finished experiment's ``seconds`` are those of all its pieces."""
+    entries = [*pieces_seconds(run_dir), round(seconds, 3)]
+    atomic_write_json(run_dir / PIECES, [{"seconds": s} for s in entries])
+
+
+def pieces_seconds(run_dir: Path) -> list[float]:
+    """The wall times of the stopped pieces kept in ``PIECES`` (none if there is no such file; a damaged one is
+    moved aside with one warning line, its time lost)."""
+    path = run_dir / PIECES
+    if not path.is_file():
+        return []
+    try:
+        entries = read_json(path)
+    except CorruptFileError as e:
+        reason = e.reason
+    else:
+        items = entries if isinstance(entries, list) else [None]
+        times: list[Any] = [e.get("seconds") if isinstance(e, dict) else None for e in items]
+        if all(is_finite_number(t) and t >= 0 for t in times):
+            return [float(t) for t in times]
+        reason = f"holds no list of times in seconds (got {_short(entries)})"
+    dest = quarantine(path)
+    log.warning("damaged %s: %s; moved to %s, the time of its pieces is not counted", path, reason, dest.name)
+    return []
+
+
+def stored_pieces(run_dir: Path) -> int:
+    """How many pieces the finished experiment in ``run_dir`` ran in (``summary.json``'s ``pieces``, else 1)."""
+    try:
+        summary = read_json(run_dir / "summary.json")
+    except (CorruptFileError, OSError):
+        return 1
+    pieces = summary.get("pieces", 1) if isinstance(summary, dict) else 1
+    return int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
 
 
 def stored_seconds(run_dir: Path, default: float) -> float:
