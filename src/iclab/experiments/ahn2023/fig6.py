@@ -9,7 +9,7 @@ Claims:
 - least_squares_loss_is_d_minus_N: whitened min-norm least squares has loss max(d − N, 0) (within tol.baseline_rtol)
 - tf_beats_pgd_beats_gd: TF < PGD3 < GD3 at every N ≥ 6
 
-Time on 2 CPU cores: quick 5 s at 1 thread; paper 3.6 h projected (1 seed of 1500 steps: 3/3 in 14 min with ``--workers 2``).
+Time on 2 CPU cores: quick 5 s at 1 thread; paper 7.3 core-hours (≈ 3.6 h with ``--workers 2``): 3/3.
 
 What did not match: quick starts at N = 8; authors' baselines drop an example (docs/papers/ahn2023.md, docs/errata.md).
 As the authors' notebook, the paper preset trains N < 5 at lr 0.001 and N ≥ 5 at 0.01 (``small_n``, ``small_n_lr``).
