@@ -48,8 +48,8 @@ ACT_CODES = {"relu": 1, "softmax": 3}
 MAX_DIM, MMAX = 16, 1024  # token widths a library is built for (one per width), the most sources
 
 _SOURCE = Path(__file__).with_name("_query_attn.c")
-#: what runs slower by the torch code (docs/performance.md: 477 against 99 ms a Zhang et al. Fig. 5 step)
-COST = "a softmax/ReLU query-row layer step about 4-5× slower"
+#: what runs slower by the torch code (docs/performance.md: 104-153 against 33-46 ms a Zhang et al. Fig. 5 step)
+COST = "a softmax/ReLU query-row layer step about 3-4× slower"
 _P, _I = ctypes.c_void_p, ctypes.c_int
 _SIGNATURES = native_kernels.per_real(
     lambda R: {
