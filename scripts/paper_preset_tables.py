@@ -9,7 +9,8 @@ benchmarks/results/paper_presets.json: what was run at `paper` (claims, wall) an
 tables: as the preset's ``run`` when its config is the paper preset's, else as one of its ``reduced`` runs, labelled
 with every setting that differs from the paper (``seeds=1 (paper 6)``), so a reduced budget can never pass for the
 paper's. Each record carries :func:`iclab.core.provenance.provenance` (date, commit, CPU, torch threads, torch),
-``workers`` (``--workers``: the local pool the run used) and, only where the machine was not quiet, ``conditions``
+``workers`` (``--workers``: the local pool the run used), ``pieces`` (a run stopped on deadlines and continued: its
+``seconds`` are those of all pieces) and, only where the machine was not quiet, ``conditions``
 (what else ran). A reduced run's ``--note`` stays with that run (the experiment's note, the projection's, is kept).
 ``estimate`` probes the preset (:func:`iclab.experiments.estimate.estimate_experiment`, every run) and writes the
 projection with the probe's provenance and overrides.
@@ -55,6 +56,8 @@ def where(record: dict[str, Any]) -> str:
     text = describe(record.get("provenance"))
     if record.get("workers"):
         text += f", --workers {record['workers']}"
+    if record.get("pieces", 1) > 1:
+        text += f", in {record['pieces']} pieces"
     if record.get("conditions"):
         text += f"; {record['conditions']}"
     return text
@@ -225,6 +228,8 @@ def record(
         threads = 1  # --workers: one torch thread per worker (--cpus-per-task 1)
     if workers:
         entry["workers"] = int(workers)
+    if int(summary.get("pieces", 1)) > 1:  # stopped by --time-limit or a signal and continued (seconds: all pieces)
+        entry["pieces"] = int(summary["pieces"])
     if conditions:
         entry["conditions"] = conditions
     entry["provenance"] = prov if prov is not None else summary.get("provenance") or _run_provenance(run_dir, threads)

@@ -163,10 +163,11 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
         {"name": "c", "passed": False, "checked": False},
     ]
 
-    def run_dir(tag: str, config: dict) -> object:
+    def run_dir(tag: str, config: dict, pieces: int = 1) -> object:
         d = tmp_path / tag
         d.mkdir()
-        (d / "summary.json").write_text(json.dumps({"experiment": name, "preset": "paper", "seconds": 12.34}))
+        summary = {"experiment": name, "preset": "paper", "seconds": 12.34} | ({"pieces": pieces} if pieces > 1 else {})
+        (d / "summary.json").write_text(json.dumps(summary))
         (d / "claims.json").write_text(json.dumps(claims))
         (d / "config.yaml").write_text(yaml.safe_dump({"experiment": name, "preset": "paper", "config": config}))
         return d
@@ -176,7 +177,7 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     reduced["seeds"] = 1
     reduced["train"]["steps"] = 100
     tables.record(run_dir("reduced", reduced), None, workers=2)
-    tables.record(run_dir("paper", paper), "note", conditions="beside a probe")
+    tables.record(run_dir("paper", paper, pieces=3), "note", conditions="beside a probe")
     tables.record(run_dir("reduced-again", reduced), "small")  # the same departures: replaces its entry
     entry = json.loads(store.read_text())["experiments"][name]
     (red,) = entry["reduced"]
@@ -196,8 +197,9 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     row = tables._row(name, {"reduced": entry["reduced"]})
     assert f"not run; reduced budget ({red['overrides']}): 1/2 in" in row
     assert row.endswith(f"| Reduced run ({red['overrides']}): small |")
-    assert tables.where(run).endswith("; beside a probe") and tables.where(run)[:4].isdigit()
-    assert tables.where({**run, "workers": 2, "conditions": None}).endswith(", --workers 2")
+    assert run["pieces"] == 3 and "pieces" not in red  # a run continued after deadlines: its time is all pieces
+    assert tables.where(run).endswith(", in 3 pieces; beside a probe") and tables.where(run)[:4].isdigit()
+    assert tables.where({**run, "workers": 2, "conditions": None, "pieces": 1}).endswith(", --workers 2")
 
 
 def test_estimate_records_the_projection(tmp_path, monkeypatch) -> None:
