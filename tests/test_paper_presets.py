@@ -233,3 +233,48 @@ def test_estimate_records_the_projection(tmp_path, monkeypatch) -> None:
     assert est["projected_seconds"] == round(1.0 - 0.5 + 0.2 + 0.1 * 100, 1)
     assert est["overrides"] == ["train_size=100"] and est["probe_runs"] is None and est["conditions"] == "beside a run"
     assert tables.probe(est) == "3 steps × every run, train_size=100; 2026-01-02, 2 × X, 1 thread; beside a run"
+
+
+def _queue_script():
+    """scripts/paper_queue.py as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "paper_queue.py"
+    spec = importlib.util.spec_from_file_location("paper_queue", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(monkeypatch, capsys) -> None:
+    """scripts/paper_queue.py: the experiments without a paper run, by projected core-hours; each `iclab run` gets what
+    is left of the deadline; a stopped one (75) ends the call with 75, a failure with its code; --dry-run runs none."""
+    import json
+
+    q = _queue_script()
+    data = {"experiments": {
+        "a.big": {"estimate": {"core_hours": 9.0}},
+        "a.done": {"run": {}, "estimate": {"core_hours": 0.1}},
+        "a.small": {"estimate": {"core_hours": 1.5}},
+        "a.none": {},
+    }}  # fmt: skip
+    assert q.queue(data) == [("a.small", 1.5), ("a.big", 9.0)]
+    assert q.queue(data, max_core_hours=2) == [("a.small", 1.5)]
+    assert [name for name, _ in q.queue(json.loads(q.JSON.read_text()))][:1]  # the stored records parse
+    monkeypatch.setattr(q, "queue", lambda _data, _max=None: [("a.small", 1.5), ("a.big", 9.0)])
+    calls: list[list[str]] = []
+    codes = iter([0, 75])
+    monkeypatch.setattr(q.subprocess, "call", lambda cmd: calls.append(cmd) or next(codes))
+    assert q.main(["--time-limit", "1h", "--workers", "2", "--out", "/tmp/x"]) == 75
+    assert [c[c.index("run") + 1] for c in calls] == ["a.small", "a.big"]
+    limits = [int(c[c.index("--time-limit") + 1].rstrip("s")) for c in calls]
+    assert 3500 < limits[1] <= limits[0] <= 3600 and calls[0][-2:] == ["--out", "/tmp/x"]
+    calls.clear()
+    codes = iter([1])
+    assert q.main(["--time-limit", "1h"]) == 1 and len(calls) == 1  # a failure stops the queue
+    calls.clear()
+    assert q.main(["--dry-run"]) == 0 and not calls
+    assert "a.small: 1.5 core-hours projected" in capsys.readouterr().out
+    assert q.main(["--time-limit", "60s"]) == 75 and not calls  # less than a piece is worth: nothing started
