@@ -3,8 +3,8 @@
     python scripts/paper_queue.py --out ~/runs-paper --time-limit 2h45m [--workers 2] [--max-core-hours 20]
     python scripts/paper_queue.py --dry-run          # the queue and each experiment's projection only
 
-The queue is every experiment of benchmarks/results/paper_presets.json without a ``run`` at its paper settings,
-ordered by its projected core-hours (``estimate``), up to ``--max-core-hours``. Each one runs as
+The queue is every experiment of benchmarks/results/paper_presets.json without a ``run`` at its paper settings:
+those already started under ``--out`` first, then by projected core-hours (``estimate``), up to ``--max-core-hours``. Each one runs as
 ``iclab run EXP --preset paper --workers N --cpus-per-task 1 --time-limit LEFT --out OUT``, where LEFT is what is
 left of this call's ``--time-limit``: an experiment stopped on the deadline checkpoints its runs, and the next call
 of this script (the same arguments) continues it first, bit for bit. Exit code 0 when the queue is done, 75 when the
@@ -28,15 +28,21 @@ INCOMPLETE = 75  # iclab's exit code for "stopped: run the same command to conti
 MIN_PIECE = 120.0  # seconds: a piece shorter than this would only load and checkpoint
 
 
-def queue(data: dict, max_core_hours: float | None = None) -> list[tuple[str, float]]:
-    """(experiment, projected core-hours) of every experiment without a paper run, cheapest first."""
+def queue(data: dict, max_core_hours: float | None = None, out: Path | None = None) -> list[tuple[str, float]]:
+    """(experiment, projected core-hours) of every experiment without a paper run: those already started under
+    ``out`` (a paper run directory without its summary) first, then the cheapest."""
     rows = [
         (name, float(entry["estimate"]["core_hours"]))
         for name, entry in data["experiments"].items()
         if "run" not in entry and entry.get("estimate", {}).get("core_hours") is not None
     ]
     rows = [r for r in rows if max_core_hours is None or r[1] <= max_core_hours]
-    return sorted(rows, key=lambda r: (r[1], r[0]))
+    return sorted(rows, key=lambda r: (not started(out, r[0]), r[1], r[0]))
+
+
+def started(out: Path | None, name: str) -> bool:
+    """Whether ``out`` holds a paper run directory of ``name`` that has not finished (no summary.json)."""
+    return out is not None and any(not (d / "summary.json").exists() for d in (out / name).glob("paper-*"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the queue and stop")
     args = ap.parse_args(argv)
     deadline = time.monotonic() + parse_duration(args.time_limit)
-    todo = queue(json.loads(JSON.read_text()), args.max_core_hours)
+    todo = queue(json.loads(JSON.read_text()), args.max_core_hours, args.out)
     for name, core_hours in todo:
         print(f"{name}: {core_hours:.1f} core-hours projected", flush=True)
     if args.dry_run:

@@ -248,7 +248,7 @@ def _queue_script():
     return module
 
 
-def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(monkeypatch, capsys) -> None:
+def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(tmp_path, monkeypatch, capsys) -> None:
     """scripts/paper_queue.py: the experiments without a paper run, by projected core-hours; each `iclab run` gets what
     is left of the deadline; a stopped one (75) ends the call with 75, a failure with its code; --dry-run runs none."""
     import json
@@ -262,8 +262,12 @@ def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(monk
     }}  # fmt: skip
     assert q.queue(data) == [("a.small", 1.5), ("a.big", 9.0)]
     assert q.queue(data, max_core_hours=2) == [("a.small", 1.5)]
+    (tmp_path / "a.big" / "paper-123").mkdir(parents=True)  # started, not finished: continued first
+    assert q.queue(data, out=tmp_path) == [("a.big", 9.0), ("a.small", 1.5)]
+    (tmp_path / "a.big" / "paper-123" / "summary.json").write_text("{}")
+    assert q.queue(data, out=tmp_path) == [("a.small", 1.5), ("a.big", 9.0)]
     assert [name for name, _ in q.queue(json.loads(q.JSON.read_text()))][:1]  # the stored records parse
-    monkeypatch.setattr(q, "queue", lambda _data, _max=None: [("a.small", 1.5), ("a.big", 9.0)])
+    monkeypatch.setattr(q, "queue", lambda _data, _max=None, _out=None: [("a.small", 1.5), ("a.big", 9.0)])
     calls: list[list[str]] = []
     codes = iter([0, 75])
     monkeypatch.setattr(q.subprocess, "call", lambda cmd: calls.append(cmd) or next(codes))
