@@ -78,17 +78,21 @@ def test_paper_preset_records_are_diagnosed_and_carry_their_provenance() -> None
     assert {n for n, e in entries.items() if e.get("run", {}).get("verify")} == set(VERIFIED)
 
 
-def _tables_script():
-    """scripts/paper_preset_tables.py as a module (it is a script, not part of the package)."""
+def _script(name: str):
+    """scripts/<name>.py as a module (a script, not part of the package)."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "paper_preset_tables.py"
-    spec = importlib.util.spec_from_file_location("paper_preset_tables", path)
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _tables_script():
+    return _script("paper_preset_tables")
 
 
 def without_rows(text: str, names: set[str]) -> str:
@@ -236,16 +240,7 @@ def test_estimate_records_the_projection(tmp_path, monkeypatch) -> None:
 
 
 def _queue_script():
-    """scripts/paper_queue.py as a module."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "paper_queue.py"
-    spec = importlib.util.spec_from_file_location("paper_queue", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return _script("paper_queue")
 
 
 def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(tmp_path, monkeypatch, capsys) -> None:
