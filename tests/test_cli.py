@@ -92,3 +92,32 @@ def test_deterministic_training_is_bit_reproducible_on_two_threads() -> None:
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(before)
+
+
+def test_progress_prints_plain_lines_where_the_console_is_not_a_terminal(monkeypatch) -> None:
+    """rich draws no bar into a log file: the CLI's progress prints a line per `interval` instead, and the last one of
+    a task of finished runs; a training run's steps print only when the interval has passed (short runs: nothing)."""
+    import io
+
+    from rich.console import Console
+
+    from iclab import cli
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(cli.time, "monotonic", lambda: clock["t"])
+    out = io.StringIO()
+    bar = cli.PipedProgress(console=Console(file=out, force_terminal=False, width=200), interval=60.0)
+    runs = bar.add_task("exp: 3 runs on local", total=3)
+    steps = bar.add_task("seed0", total=100)
+    bar.advance(runs)  # 0 s: no line yet
+    clock["t"] = 30.0
+    bar.update(steps, completed=100)  # a short run's last step: no line
+    clock["t"] = 61.0
+    bar.advance(runs)  # the interval passed
+    bar.advance(runs)  # finished: always
+    lines = out.getvalue().splitlines()
+    assert [line.split(",")[0] for line in lines] == ["exp: 3 runs on local: 2/3", "exp: 3 runs on local: 3/3"]
+    terminal = io.StringIO()
+    bar = cli.PipedProgress(console=Console(file=terminal, force_terminal=True), interval=0.0)
+    bar.advance(bar.add_task("x", total=1))
+    assert "x: 1/1" not in terminal.getvalue()  # a terminal gets rich's bar (when started), not lines

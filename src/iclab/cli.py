@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +14,15 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from iclab.core.errors import ConfigError, IclabError, OutputError
@@ -30,8 +40,38 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 
+class PipedProgress(Progress):
+    """rich's progress bar, which draws nothing where its console is not a terminal (a log file, a batch job's output,
+    ``nohup``): there progress prints one plain line instead, at most one per ``interval`` seconds, and the last of
+    a task of finished runs (``cheng2024.fig4: 108 runs on local: 12/108, 0:41:10 elapsed``); a training run's own
+    steps only every ``interval``, so that short runs print nothing."""
+
+    def __init__(self, *columns: Any, interval: float = 60.0, **kwargs: Any) -> None:
+        super().__init__(*columns, **kwargs)
+        self.interval, self._last = interval, time.monotonic()
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:  # runs finished (a pool's, Ray's, SLURM's)
+        super().advance(task_id, advance)
+        self._line(task_id, last=True)
+
+    def update(self, task_id: TaskID, **kwargs: Any) -> None:  # a training run's steps: update(completed=...)
+        super().update(task_id, **kwargs)
+        if "completed" in kwargs or "advance" in kwargs:
+            self._line(task_id, last=False)
+
+    def _line(self, task_id: TaskID, *, last: bool) -> None:
+        if self.console.is_terminal:
+            return
+        task, now = self._tasks[task_id], time.monotonic()
+        if (last and task.finished) or now - self._last >= self.interval:
+            self._last = now
+            elapsed = datetime.timedelta(seconds=int(task.elapsed or 0))
+            total = f"/{task.total:.0f}" if task.total is not None else ""
+            self.console.print(f"{task.description}: {task.completed:.0f}{total}, {elapsed} elapsed", highlight=False)
+
+
 def _progress() -> Progress:
-    return Progress(
+    return PipedProgress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
