@@ -208,7 +208,7 @@ def _run_locked(
         claims = judge(preset, exp.claims(results, cfg))
     seconds, pieces = time.perf_counter() - t0, 1
     if reused:  # a damaged summary only loses the first run's time
-        seconds, pieces = stored_seconds(run_dir, seconds), stored_pieces(run_dir)
+        seconds, pieces = stored_seconds(run_dir, seconds)
     else:  # an experiment stopped on a deadline and continued: the time of every piece
         earlier = pieces_seconds(run_dir)
         seconds, pieces = seconds + sum(earlier), 1 + len(earlier)
@@ -330,23 +330,13 @@ def pieces_seconds(run_dir: Path) -> list[float]:
     return []
 
 
-def stored_pieces(run_dir: Path) -> int:
-    """How many pieces the finished experiment in ``run_dir`` ran in (``summary.json``'s ``pieces``, else 1)."""
-    try:
-        summary = read_json(run_dir / "summary.json")
-    except (CorruptFileError, OSError):
-        return 1
-    pieces = summary.get("pieces", 1) if isinstance(summary, dict) else 1
-    return int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
-
-
-def stored_seconds(run_dir: Path, default: float) -> float:
-    """The first run's wall time from ``summary.json``: ``default`` when the file is missing, damaged or holds no
-    finite time ≥ 0 (``[]``, ``null``, ``{"seconds": "abc"}``); a damaged one is moved aside with one warning line
-    (the caller rewrites it)."""
+def stored_seconds(run_dir: Path, default: float) -> tuple[float, int]:
+    """The first run's wall time and its number of pieces from ``summary.json`` (``pieces``, else 1): ``default`` and
+    1 when the file is missing, damaged or holds no finite time ≥ 0 (``[]``, ``null``, ``{"seconds": "abc"}``); a
+    damaged one is moved aside with one warning line (the caller rewrites it)."""
     path = run_dir / "summary.json"
     if not path.is_file():
-        return default
+        return default, 1
     try:
         summary = read_json(path)
     except CorruptFileError as e:
@@ -354,11 +344,12 @@ def stored_seconds(run_dir: Path, default: float) -> float:
     else:
         seconds = summary.get("seconds") if isinstance(summary, dict) else None
         if is_finite_number(seconds) and seconds >= 0:
-            return float(seconds)
+            pieces = summary.get("pieces", 1)
+            return float(seconds), int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
         reason = f"holds no time in seconds (got {_short(summary)})"
     dest = quarantine(path)
     log.warning("damaged summary %s: %s; moved to %s, rewriting it", path, reason, dest.name)
-    return default
+    return default, 1
 
 
 def _short(value: Any) -> str:
