@@ -285,7 +285,12 @@ def test_divergence_names_step_parameter_and_last_loss_and_keeps_the_good_checkp
     with pytest.raises(DivergenceError) as info:
         train(_model(), SAMPLE, cfg, out_dir=out)
     msg = str(info.value)
-    assert "at step" in msg and "last finite train loss" in msg and "lower lr or enable clip" in msg
+    assert (
+        "at step" in msg
+        and "last finite train loss" in msg
+        and "lower lr or enable clip" in msg
+        and "skip_nonfinite" in msg
+    )
     assert "parameter" in msg or "non-finite loss" in msg
     if (out / "checkpoint.pt").is_file():  # the checkpoint on disk is the last good one, never the diverged state
         ck = safe_torch_load(out / "checkpoint.pt")

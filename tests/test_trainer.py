@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from iclab import ConfigError
-from iclab.core.seeding import generator
+from iclab.core.seeding import derive_seed, generator
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
 from iclab.training import TrainConfig, load_history, train
@@ -205,6 +205,41 @@ def test_skip_nonfinite_skips_bad_batches_and_counts_them() -> None:
     assert all(torch.isfinite(p).all() for p in res.model.parameters())
     with pytest.raises(FloatingPointError, match="non-finite"):
         train(_model(), poisoned, _cfg(steps=20, resample_every=1, log_every=1, eval_every=0))
+
+
+def _poisoned_at(key: int):
+    """SAMPLE, with an inf label in the training batch drawn at step ``key`` (the trainer seeds each draw)."""
+    bad = derive_seed(_cfg().seed, "data", key)
+
+    def poisoned(batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32):
+        ep = SAMPLE(batch, generator=generator, dtype=dtype)
+        if generator.initial_seed() == bad:
+            ep.y_query[0] = float("inf")
+        return ep
+
+    return poisoned
+
+
+def test_a_diverged_run_resumes_from_its_checkpoint_once_it_skips_nonfinite_steps(tmp_path) -> None:
+    """A run that cannot skip dies on the one batch that overflows; the same run with ``skip_nonfinite`` turned on
+    resumes from the checkpoint it kept (written before that batch) and ends bit for bit where the run that skipped
+    from step 0 ends. The other way round, or with any other setting changed, the checkpoint is not taken."""
+    poisoned = _poisoned_at(12)  # steps 12 and 13
+    base = dict(steps=20, resample_every=2, log_every=1, eval_every=0, checkpoint_every=5)
+    with pytest.raises(FloatingPointError, match="skip_nonfinite"):
+        train(_model(), poisoned, _cfg(**base), out_dir=tmp_path / "run")
+    resumed = train(_model(), poisoned, _cfg(**base, skip_nonfinite=True), out_dir=tmp_path / "run")
+    fresh = train(_model(), poisoned, _cfg(**base, skip_nonfinite=True))
+    assert resumed.resumed_from == 10
+    assert resumed.history[-1]["skipped_steps"] == fresh.history[-1]["skipped_steps"] == 2  # the bad batch's 2 steps
+    for a, b in zip(resumed.model.parameters(), fresh.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # the finished checkpoint of the run that skips does not continue one that cannot (it starts again and dies),
+    # nor one with another lr
+    with pytest.raises(FloatingPointError):
+        train(_model(), poisoned, _cfg(**base), out_dir=tmp_path / "run")
+    other = train(_model(), SAMPLE, _cfg(**base, lr=0.02, skip_nonfinite=True), out_dir=tmp_path / "run")
+    assert other.resumed_from is None
 
 
 def test_a_finite_float64_loss_beyond_float32_range_is_not_called_non_finite() -> None:

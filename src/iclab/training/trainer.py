@@ -638,7 +638,8 @@ def _load_checkpoint(
     A damaged file is set aside (:func:`~iclab.core.io.quarantine`, numbered names) with one warning line naming it
     and saying what the run does instead: torn, failing its checksum, a pickle asking for code (nothing in it is
     executed), or one that ``problem`` refuses (:func:`_checkpoint_problem`: tensors not the model's, a step out of
-    range, a non-finite state). A checkpoint of another config is left alone: this run starts afresh over it."""
+    range, a non-finite state). A checkpoint of another config (:func:`resumes_under`) is left alone: this run starts
+    afresh over it."""
     best: tuple[str, dict[str, Any]] | None = None
     damaged: list[tuple[CorruptFileError, Path]] = []
     for name in CANDIDATES:
@@ -649,7 +650,7 @@ def _load_checkpoint(
             ck = safe_torch_load(path, map_location=device)
             if not isinstance(ck, dict) or not {"config", "model", "optimizer", "step"} <= ck.keys():
                 raise CorruptFileError(path, "not an iclab checkpoint")
-            if ck["config"] != config:
+            if not resumes_under(ck["config"], config):
                 continue
             why = problem(ck)
             if why is not None:
@@ -663,6 +664,19 @@ def _load_checkpoint(
     for err, dest in damaged:
         log.warning("damaged checkpoint %s; moved to %s, %s", err, dest.name, then)
     return best[1] if best else None
+
+
+def resumes_under(stored: object, config: dict[str, Any]) -> bool:
+    """Whether a checkpoint written under the train config ``stored`` continues a run under ``config``: the same
+    config, or the same but for ``skip_nonfinite`` turned on since. A run that could not skip a non-finite gradient and
+    still checkpointed met none (one would have left a non-finite state, which :func:`_checkpoint_problem` refuses), so
+    its steps are those the run that skips would have taken: a run that diverged on one rare batch goes on from its
+    last checkpoint with the option on, instead of from step 0."""
+    if stored == config:
+        return True
+    if not isinstance(stored, dict) or stored.get("skip_nonfinite") is not False or not config.get("skip_nonfinite"):
+        return False
+    return {**stored, "skip_nonfinite": config["skip_nonfinite"]} == config
 
 
 def _checkpoint_problem(ck: dict[str, Any], model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> str | None:
@@ -794,7 +808,10 @@ def _divergence(
     finite train loss, the checkpoints kept (:func:`_kept`; none is ever a diverged state) and what to change."""
     last_text = f"last finite train loss {last[1]:.6g} at step {last[0]}" if last else "no finite loss"
     kept = f"; {_kept(out)}" if out is not None else ""
-    return DivergenceError(f"{description}: {what} at step {step} ({last_text}){kept}; lower lr or enable clip")
+    return DivergenceError(
+        f"{description}: {what} at step {step} ({last_text}){kept}; lower lr or enable clip, or set skip_nonfinite "
+        "where a rare batch overflows (it resumes from the checkpoint kept)"
+    )
 
 
 def _depth(model: nn.Module) -> int:
