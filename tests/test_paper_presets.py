@@ -167,10 +167,11 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
         {"name": "c", "passed": False, "checked": False},
     ]
 
-    def run_dir(tag: str, config: dict, pieces: int = 1) -> object:
+    def run_dir(tag: str, config: dict, pieces: int = 1, skipped: dict | None = None) -> object:
         d = tmp_path / tag
         d.mkdir()
         summary = {"experiment": name, "preset": "paper", "seconds": 12.34} | ({"pieces": pieces} if pieces > 1 else {})
+        summary |= {"skipped_steps": skipped} if skipped else {}
         (d / "summary.json").write_text(json.dumps(summary))
         (d / "claims.json").write_text(json.dumps(claims))
         (d / "config.yaml").write_text(yaml.safe_dump({"experiment": name, "preset": "paper", "config": config}))
@@ -181,7 +182,7 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     reduced["seeds"] = 1
     reduced["train"]["steps"] = 100
     tables.record(run_dir("reduced", reduced), None, workers=2)
-    tables.record(run_dir("paper", paper, pieces=3), "note", conditions="beside a probe")
+    tables.record(run_dir("paper", paper, pieces=3, skipped={"r1": [20, 3000]}), "note", conditions="beside a probe")
     tables.record(run_dir("reduced-again", reduced), "small")  # the same departures: replaces its entry
     entry = json.loads(store.read_text())["experiments"][name]
     (red,) = entry["reduced"]
@@ -202,8 +203,14 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     assert f"not run; reduced budget ({red['overrides']}): 1/2 in" in row
     assert row.endswith(f"| Reduced run ({red['overrides']}): small |")
     assert run["pieces"] == 3 and "pieces" not in red  # a run continued after deadlines: its time is all pieces
-    assert tables.where(run).endswith(", in 3 pieces; beside a probe") and tables.where(run)[:4].isdigit()
-    assert tables.where({**run, "workers": 2, "conditions": None, "pieces": 1}).endswith(", --workers 2")
+    assert (
+        tables.where(run).endswith(
+            ", in 3 pieces; steps skipped for a non-finite gradient: r1 20 of 3000; beside a probe"
+        )
+        and tables.where(run)[:4].isdigit()
+    )
+    bare = {**run, "workers": 2, "conditions": None, "pieces": 1, "skipped_steps": None}
+    assert tables.where(bare).endswith(", --workers 2") and "skipped_steps" not in red
 
 
 def test_estimate_records_the_projection(tmp_path, monkeypatch) -> None:

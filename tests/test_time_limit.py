@@ -22,7 +22,7 @@ from iclab.core.seeding import generator
 from iclab.experiments.runner import progress_text, run_experiment
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
-from iclab.training import TrainConfig, load_history, stop, train
+from iclab.training import TrainConfig, TrainResult, load_history, stop, train
 
 TASK = LinearRegression(d=3)
 SAMPLE = functools.partial(TASK.sample, n=8)
@@ -179,6 +179,27 @@ def test_a_finished_experiment_counts_the_time_of_every_piece(tmp_path: Path, mo
     one = tmp_path / "one"
     assert CliRunner().invoke(app, ["run", EXP, "--preset", "smoke", "--out", str(one)]).exit_code == 0
     assert "pieces" not in json.loads(next((one / EXP).iterdir()).joinpath("summary.json").read_text())
+
+
+def test_the_summary_names_the_runs_that_skipped_nonfinite_steps(tmp_path: Path, monkeypatch, caplog) -> None:
+    """A run that skipped steps for a non-finite gradient is named in summary.json (``skipped_steps``: run ->
+    [skipped, steps]) and in one warning line; a reused experiment keeps the entry; a clean one has none."""
+    monkeypatch.setattr(TrainResult, "skipped_steps", property(lambda self: 3))
+    cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path), *ARGS]
+    with caplog.at_level("WARNING"):
+        assert CliRunner().invoke(app, cli).exit_code == 0
+    run_dir = next((tmp_path / EXP).iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["skipped_steps"] == {"seed0": [3, 20], "seed1": [3, 20]}
+    assert f"{EXP}: 2 training runs skipped steps with a non-finite gradient (seed0: 3 of 20, seed1: 3 of 20)" in (
+        caplog.text
+    )
+    monkeypatch.undo()
+    assert CliRunner().invoke(app, cli).exit_code == 0  # reused: the entry stays
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+    clean = tmp_path / "clean"
+    assert CliRunner().invoke(app, ["run", EXP, "--preset", "smoke", "--out", str(clean)]).exit_code == 0
+    assert "skipped_steps" not in json.loads(next((clean / EXP).iterdir()).joinpath("summary.json").read_text())
 
 
 def test_cli_train_stops_and_continues(tmp_path: Path, monkeypatch) -> None:

@@ -12,9 +12,10 @@ import torch
 
 from iclab import ConfigError
 from iclab.core.seeding import derive_seed, generator
+from iclab.experiments.registry import RunContext
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
-from iclab.training import TrainConfig, load_history, train
+from iclab.training import ModelSpec, TrainConfig, TrainingRun, load_history, train
 from iclab.training.optim import clip_gradients, clip_groups_, lr_factor
 
 TASK = LinearRegression(d=3)
@@ -240,6 +241,19 @@ def test_a_diverged_run_resumes_from_its_checkpoint_once_it_skips_nonfinite_step
         train(_model(), poisoned, _cfg(**base), out_dir=tmp_path / "run")
     other = train(_model(), SAMPLE, _cfg(**base, lr=0.02, skip_nonfinite=True), out_dir=tmp_path / "run")
     assert other.resumed_from is None
+
+
+def test_the_context_names_the_runs_that_skipped(tmp_path) -> None:
+    """RunContext.execute keeps, per run that skipped steps, (skipped, steps): the runner's summary reads it."""
+    cfg = _cfg(steps=20, resample_every=2, log_every=1, eval_every=0, skip_nonfinite=True)
+    spec = ModelSpec(LinearTransformer, LinearTransformerConfig(d=3, n_layers=2, pattern="sparse", init_std=0.1))
+    runs = [
+        TrainingRun(name=n, model=spec, task=t, train=cfg) for n, t in (("bad", _poisoned_at(12)), ("good", SAMPLE))
+    ]
+    ctx = RunContext(out_dir=tmp_path, device=torch.device("cpu"), preset="smoke")
+    results = ctx.execute(runs)
+    assert [r.skipped_steps for r in results] == [2, 0]
+    assert ctx.skipped == {"bad": (2, 20)}
 
 
 def test_a_finite_float64_loss_beyond_float32_range_is_not_called_non_finite() -> None:

@@ -174,6 +174,8 @@ class RunContext:
     backend: Backend | None = None
     #: the device the backend's tasks train on ("cuda" for Ray tasks with GPUs); None: ``device``
     task_device: str | None = None
+    #: run name -> (steps skipped for a non-finite gradient, steps) of the runs :meth:`execute` returned that skipped
+    skipped: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def subdir(self, *parts: object) -> Path:
         """The directory ``out_dir/parts...``, created if missing."""
@@ -196,12 +198,17 @@ class RunContext:
                 or len(placed) < 2
                 or (self.backend.name == "local" and self.backend.parallelism == 1)
             ):
-                return execute_all(placed, device=self.device, progress=self.progress)
-            return self._fan_out(placed)
+                results = execute_all(placed, device=self.device, progress=self.progress)
+            else:
+                results = self._fan_out(placed)
         except ConfigError as e:  # a run refused (e.g. a batch too large for memory): say whose run it is
             if not self.experiment:
                 raise
             raise ConfigError(f"{self.experiment}: {e}") from None
+        for run, res in zip(placed, results, strict=True):
+            if res.skipped_steps:
+                self.skipped[run.name] = (res.skipped_steps, run.train.steps)
+        return results
 
     def execute_groups(self, groups: Sequence[Sequence[TrainingRun]]) -> list[list[TrainResult]]:
         """:meth:`execute` for several groups of runs (one model's seeds, say) in one batch, so that every worker of

@@ -29,7 +29,7 @@ from rich.progress import Progress
 
 from iclab.core.config import apply_overrides, config_hash, from_dict, route_shorthand, to_dict
 from iclab.core.devices import resolve_device
-from iclab.core.errors import ConfigError, CorruptFileError, IclabError, OutputError, did_you_mean
+from iclab.core.errors import ConfigError, CorruptFileError, IclabError, OutputError, did_you_mean, is_int
 from iclab.core.io import (
     atomic_torch_save,
     atomic_write_json,
@@ -207,11 +207,13 @@ def _run_locked(
         figures = exp.plot(results, cfg, run_dir)
         claims = judge(preset, exp.claims(results, cfg))
     seconds, pieces = time.perf_counter() - t0, 1
+    skipped: dict[str, tuple[int, int]] = {}
     if reused:  # a damaged summary only loses the first run's time
-        seconds, pieces = stored_seconds(run_dir, seconds)
+        seconds, pieces, skipped = stored_summary(run_dir, seconds)
     else:  # an experiment stopped on a deadline and continued: the time of every piece
         earlier = pieces_seconds(run_dir)
-        seconds, pieces = seconds + sum(earlier), 1 + len(earlier)
+        seconds, pieces, skipped = seconds + sum(earlier), 1 + len(earlier), dict(ctx.skipped)
+        _say_skipped(exp.name, skipped)
     atomic_write_json(run_dir / "claims.json", [c.to_dict() for c in claims])
     atomic_write_json(
         run_dir / "summary.json",
@@ -222,7 +224,8 @@ def _run_locked(
             "passed": all(c.passed for c in claims if c.checked),
             "figures": [f.name for f in figures],
         }
-        | ({"pieces": pieces} if pieces > 1 else {}),
+        | ({"pieces": pieces} if pieces > 1 else {})
+        | ({"skipped_steps": {k: list(v) for k, v in skipped.items()}} if skipped else {}),
     )
     (run_dir / PIECES).unlink(missing_ok=True)  # their time is in the summary now
     return ExperimentResult(exp, preset, cfg, run_dir, results, claims, figures, seconds, reused)
@@ -330,13 +333,14 @@ def pieces_seconds(run_dir: Path) -> list[float]:
     return []
 
 
-def stored_seconds(run_dir: Path, default: float) -> tuple[float, int]:
-    """The first run's wall time and its number of pieces from ``summary.json`` (``pieces``, else 1): ``default`` and
-    1 when the file is missing, damaged or holds no finite time ≥ 0 (``[]``, ``null``, ``{"seconds": "abc"}``); a
-    damaged one is moved aside with one warning line (the caller rewrites it)."""
+def stored_summary(run_dir: Path, default: float) -> tuple[float, int, dict[str, tuple[int, int]]]:
+    """The first run's wall time, its number of pieces (``pieces``, else 1) and the training runs that skipped
+    non-finite steps (``skipped_steps``: name -> (skipped, steps); entries of another shape are left out) from
+    ``summary.json``: ``default``, 1 and none when the file is missing, damaged or holds no finite time ≥ 0 (``[]``,
+    ``null``, ``{"seconds": "abc"}``); a damaged one is moved aside with one warning line (the caller rewrites it)."""
     path = run_dir / "summary.json"
     if not path.is_file():
-        return default, 1
+        return default, 1, {}
     try:
         summary = read_json(path)
     except CorruptFileError as e:
@@ -345,11 +349,34 @@ def stored_seconds(run_dir: Path, default: float) -> tuple[float, int]:
         seconds = summary.get("seconds") if isinstance(summary, dict) else None
         if is_finite_number(seconds) and seconds >= 0:
             pieces = summary.get("pieces", 1)
-            return float(seconds), int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
+            pieces = int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
+            return float(seconds), pieces, _skipped_entries(summary.get("skipped_steps"))
         reason = f"holds no time in seconds (got {_short(summary)})"
     dest = quarantine(path)
     log.warning("damaged summary %s: %s; moved to %s, rewriting it", path, reason, dest.name)
-    return default, 1
+    return default, 1, {}
+
+
+def _skipped_entries(value: object) -> dict[str, tuple[int, int]]:
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): (int(v[0]), int(v[1]))
+        for k, v in value.items()
+        if isinstance(v, list) and len(v) == 2 and all(is_int(x, 0) for x in v)
+    }
+
+
+def _say_skipped(name: str, skipped: dict[str, tuple[int, int]]) -> None:
+    """One warning line naming the training runs that skipped steps for a non-finite gradient (at most four)."""
+    if not skipped:
+        return
+    runs = [f"{k}: {s} of {n}" for k, (s, n) in sorted(skipped.items())]
+    more = f", {len(runs) - 4} more" if len(runs) > 4 else ""
+    log.warning(
+        "%s: %d training run%s skipped steps with a non-finite gradient (%s%s)",
+        name, len(runs), "s" if len(runs) != 1 else "", ", ".join(runs[:4]), more,
+    )  # fmt: skip
 
 
 def _short(value: Any) -> str:

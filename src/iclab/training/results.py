@@ -77,6 +77,11 @@ class TrainResult:
         rows = [r for r in self.history if "test_loss" in r]
         return rows[-1]["test_loss"] if rows else float("nan")
 
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for a non-finite gradient (``TrainConfig.skip_nonfinite``), as of the last logged row."""
+        return int(self.history[-1].get("skipped_steps", 0)) if self.history else 0
+
     def curve(self, key: str) -> tuple[list[int], list[float]]:
         """The logged curve of ``key``: (steps, values) as lists."""
         rows = [r for r in self.history if key in r]
