@@ -17,6 +17,7 @@ from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
 from iclab.training import ModelSpec, TrainConfig, TrainingRun, load_history, train
 from iclab.training.optim import clip_gradients, clip_groups_, lr_factor
+from iclab.training.trainer import mse_loss
 
 TASK = LinearRegression(d=3)
 SAMPLE = functools.partial(TASK.sample, n=8)
@@ -219,6 +220,28 @@ def _poisoned_at(key: int):
         return ep
 
     return poisoned
+
+
+def test_skip_nonfinite_skips_a_float32_loss_that_overflows_with_finite_gradients() -> None:
+    """A label of 1e20 makes the float32 squared error overflow (1e40 > 3.4e38) while each prompt's gradient
+    (≈ 2·1e20/B) stays finite: the loss is inf, so the step is skipped as a non-finite gradient would be."""
+    big = derive_seed(_cfg().seed, "data", 4)
+
+    def sample(batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32):
+        ep = SAMPLE(batch, generator=generator, dtype=dtype)
+        if generator.initial_seed() == big:
+            ep.y_query[0] = 1e20
+        return ep
+
+    cfg = _cfg(steps=10, resample_every=2, log_every=1, eval_every=0, skip_nonfinite=True)
+    model = _model()
+    loss = mse_loss(model, sample(64, generator=generator(big)))
+    loss.backward()
+    assert torch.isinf(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    res = train(_model(), sample, cfg)
+    assert res.skipped_steps == 2 and all(torch.isfinite(p).all() for p in res.model.parameters())
+    with pytest.raises(FloatingPointError, match=r"non-finite loss \(inf\) at step 4"):
+        train(_model(), sample, dataclasses.replace(cfg, skip_nonfinite=False))
 
 
 def test_a_diverged_run_resumes_from_its_checkpoint_once_it_skips_nonfinite_steps(tmp_path) -> None:

@@ -62,7 +62,7 @@ class TrainConfig:
     projection: Literal["none", "after_step", "start_and_after_step"] = added_setting(
         "none"
     )  # re-mask (class docstring)
-    skip_nonfinite: bool = False  # skip (and count) steps whose gradient has an inf/NaN, as AMP's GradScaler does
+    skip_nonfinite: bool = False  # skip (and count) steps whose loss or gradient has an inf/NaN (as AMP's GradScaler)
     resample_every: int = 1
     train_size: int | None = None
     lbfgs_history: int = 100

@@ -324,7 +324,7 @@ class _Run:
     def step(self, step: int) -> tuple[Tensor, float, bool]:
         """One optimiser step on ``step``'s batch at ``step``'s learning rate, the gradients clipped when ``cfg.clip``
         or ``cfg.clip_thresholds`` is set (:meth:`clip`) and the masked entries re-zeroed after the update when
-        ``cfg.projection`` asks (:meth:`project`); with ``cfg.skip_nonfinite`` a non-finite gradient skips the update
+        ``cfg.projection`` asks (:meth:`project`); with ``cfg.skip_nonfinite`` a non-finite loss or gradient skips the update
         (and the projection). The loss of every step that was not skipped is held, on the device, for :meth:`log`'s
         finiteness check. Returns (the loss before the update, the
         learning rate, whether the update was skipped). Its host time goes to ``step_times``, and the drawing of a
@@ -358,7 +358,8 @@ class _Run:
             opt.zero_grad(set_to_none=True)
             loss = self.loss_fn(model, batch)
             loss.backward()
-            if cfg.skip_nonfinite and not _finite_gradients(params):
+            # a float32 loss can overflow (one prompt's error² > 3.4e38) with every gradient finite: skipped too
+            if cfg.skip_nonfinite and not (_all_finite([loss.detach()]) and _finite_gradients(params)):
                 opt.zero_grad(set_to_none=True)  # one bad batch does not poison the weights
                 self.skipped += 1
                 skipped_now = True
@@ -668,9 +669,10 @@ def _load_checkpoint(
 
 def resumes_under(stored: object, config: dict[str, Any]) -> bool:
     """Whether a checkpoint written under the train config ``stored`` continues a run under ``config``: the same
-    config, or the same but for ``skip_nonfinite`` turned on since. A run that could not skip a non-finite gradient and
-    still checkpointed met none (one would have left a non-finite state, which :func:`_checkpoint_problem` refuses), so
-    its steps are those the run that skips would have taken: a run that diverged on one rare batch goes on from its
+    config, or the same but for ``skip_nonfinite`` turned on since. A run that could not skip and still checkpointed
+    met no non-finite loss or gradient (every loss is checked before a checkpoint, and a non-finite gradient leaves a
+    non-finite state, which :func:`_checkpoint_problem` refuses), so its steps are those the run that skips would have
+    taken: a run that diverged on one rare batch goes on from its
     last checkpoint with the option on, instead of from step 0."""
     if stored == config:
         return True
