@@ -181,6 +181,29 @@ def test_a_finished_experiment_counts_the_time_of_every_piece(tmp_path: Path, mo
     assert "pieces" not in json.loads(next((one / EXP).iterdir()).joinpath("summary.json").read_text())
 
 
+def test_a_piece_that_ends_on_a_failed_run_counts_its_time(tmp_path: Path, monkeypatch) -> None:
+    """A training run that raises ends the command with its error; the time that piece took goes to pieces.json, and
+    the same command, once the cause is gone, finishes with ``pieces`` = 2 and the time of both."""
+    from iclab.training.run import TrainingRun
+
+    real = TrainingRun.execute
+
+    def fails(self, **kw):  # type: ignore[no-untyped-def]
+        time.sleep(0.05)
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(TrainingRun, "execute", fails)
+    cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path)]
+    assert CliRunner().invoke(app, cli).exit_code != 0
+    run_dir = next((tmp_path / EXP).iterdir())
+    (failed,) = [p["seconds"] for p in json.loads((run_dir / "pieces.json").read_text())]
+    assert failed >= 0.05
+    monkeypatch.setattr(TrainingRun, "execute", real)
+    assert CliRunner().invoke(app, cli).exit_code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["pieces"] == 2 and summary["seconds"] > failed
+
+
 def test_the_summary_names_the_runs_that_skipped_nonfinite_steps(tmp_path: Path, monkeypatch, caplog) -> None:
     """A run that skipped steps for a non-finite gradient is named in summary.json (``skipped_steps``: run ->
     [skipped, steps]) and in one warning line; a reused experiment keeps the entry; a clean one has none."""

@@ -197,6 +197,9 @@ def _run_locked(
         except Stopped as e:  # its runs checkpointed: no results, no claims (the experiment is not finished)
             add_piece(run_dir, time.perf_counter() - t0)
             raise Stopped(f"{exp.name}: {progress_text(run_dir, e.not_started)}", e.reason, e.not_started) from None
+        except Exception:  # a run failed (the others finished or checkpointed): the same command, once mended, goes on
+            add_piece(run_dir, time.perf_counter() - t0)
+            raise
         try:
             atomic_torch_save(results_path, results)
         except OSError as e:
@@ -306,8 +309,8 @@ PIECES = "pieces.json"
 
 
 def add_piece(run_dir: Path, seconds: float) -> None:
-    """Keep the wall time of a piece of the experiment that stopped on a deadline or a signal (``PIECES``: one entry
-    per piece), so that the finished experiment's ``seconds`` are those of all its pieces."""
+    """Keep the wall time of a piece of the experiment that stopped on a deadline or a signal, or ended on a failed
+    run (``PIECES``: one entry per piece), so that the finished experiment's ``seconds`` are those of all its pieces."""
     entries = [*pieces_seconds(run_dir), round(seconds, 3)]
     atomic_write_json(run_dir / PIECES, [{"seconds": s} for s in entries])
 
