@@ -812,7 +812,7 @@ def _divergence(
     kept = f"; {_kept(out)}" if out is not None else ""
     return DivergenceError(
         f"{description}: {what} at step {step} ({last_text}){kept}; lower lr or enable clip, or set skip_nonfinite "
-        "where a rare batch overflows (it resumes from the checkpoint kept)"
+        "where a rare batch overflows (a run in the same directory then resumes from the checkpoint kept)"
     )
 
 
