@@ -427,3 +427,18 @@ def test_cli_report_compare(tmp_path: Path) -> None:
     assert "<code>train.lr</code></td><td>0.01</td><td>0.005</td>" in diff.replace("\n", "")
     res = CliRunner().invoke(app, ["report", "--out", str(tmp_path), "--compare", str(runs[0])])
     assert res.exit_code == 2 and "two run directories or more" in res.output
+
+
+def test_runs_that_skipped_steps_are_named_on_the_page(tmp_path: Path) -> None:
+    """summary.json's ``skipped_steps`` (run -> [skipped, steps]) is shown in the experiment's metadata; an entry of
+    another shape is left out, and a run with none shows no such line."""
+    run_dir = make_run_dir(tmp_path, "cheng2024.fig4", [claim("a")])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["skipped_steps"] = {"linear-linear-L7-s0": [20, 3000], "odd": "x", "neg": [-1, 3]}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    make_run_dir(tmp_path, "zhang2025.fig1", [claim("a")])
+    assert read_run_dir(run_dir).skipped == {"linear-linear-L7-s0": (20, 3000)}
+    site = write_site(tmp_path).parent
+    html = (site / "cheng2024.html").read_text()
+    assert "<dt>skipped steps</dt>" in html and "<code>linear-linear-L7-s0</code> 20 of 3000" in html
+    assert "skipped steps" not in (site / "zhang2025.html").read_text()

@@ -2,8 +2,9 @@
 results, figures and ``claims.json``.
 
 Layout: ``<out>/<experiment>/<preset>-<config hash>/`` holding ``config.yaml``, ``results.pt``,
-``claims.json``, ``summary.json``, figures (``*.png``) and one sub-directory per training run
-(checkpoints and ``metrics.jsonl``). Same config, same directory: a finished experiment is
+``claims.json``, ``summary.json`` (the experiment, preset, wall ``seconds`` of all pieces, ``pieces``, whether every
+claim passed, the figures, ``skipped_steps``), figures (``*.png``), ``pieces.json`` while an experiment is unfinished,
+and one sub-directory per training run (checkpoints and ``metrics.jsonl``). Same config, same directory: a finished experiment is
 reused, an interrupted one resumes its training runs from their checkpoints.
 """
 
@@ -353,14 +354,15 @@ def stored_summary(run_dir: Path, default: float) -> tuple[float, int, dict[str,
         if is_finite_number(seconds) and seconds >= 0:
             pieces = summary.get("pieces", 1)
             pieces = int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
-            return float(seconds), pieces, _skipped_entries(summary.get("skipped_steps"))
+            return float(seconds), pieces, skipped_entries(summary.get("skipped_steps"))
         reason = f"holds no time in seconds (got {_short(summary)})"
     dest = quarantine(path)
     log.warning("damaged summary %s: %s; moved to %s, rewriting it", path, reason, dest.name)
     return default, 1, {}
 
 
-def _skipped_entries(value: object) -> dict[str, tuple[int, int]]:
+def skipped_entries(value: object) -> dict[str, tuple[int, int]]:
+    """summary.json's ``skipped_steps`` (run name -> [skipped, steps]); entries of another shape are left out."""
     if not isinstance(value, dict):
         return {}
     return {
