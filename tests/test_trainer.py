@@ -15,7 +15,7 @@ from iclab.core.seeding import derive_seed, generator
 from iclab.experiments.registry import RunContext
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
-from iclab.training import ModelSpec, TrainConfig, TrainingRun, load_history, train
+from iclab.training import ModelSpec, TrainConfig, TrainingRun, load_history, stop, train
 from iclab.training.optim import clip_gradients, clip_groups_, lr_factor
 from iclab.training.trainer import mse_loss
 
@@ -178,6 +178,7 @@ def test_nan_loss_is_reported(tmp_path) -> None:
     ("field", "value", "fragment"),
     [
         ("steps", 0, "TrainConfig.steps must be an int >= 1; got 0"),
+        ("skip_limit", 0, "TrainConfig.skip_limit must be an int >= 1; got 0"),
         ("optimizer", "adamx", "TrainConfig.optimizer must be one of"),
         ("lr", -1.0, "TrainConfig.lr must be a float > 0; got -1.0"),
         ("clip", 0.0, "TrainConfig.clip must be null or a float > 0"),
@@ -242,6 +243,35 @@ def test_skip_nonfinite_skips_a_float32_loss_that_overflows_with_finite_gradient
     assert res.skipped_steps == 2 and all(torch.isfinite(p).all() for p in res.model.parameters())
     with pytest.raises(FloatingPointError, match=r"non-finite loss \(inf\) at step 4"):
         train(_model(), sample, dataclasses.replace(cfg, skip_nonfinite=False))
+
+
+def test_a_run_that_skips_every_batch_stops_at_skip_limit(tmp_path) -> None:
+    """Every batch from step 6 on overflows (the weights, not a rare batch): the run ends at the ``skip_limit``-th step
+    skipped in a row, naming it, also when a checkpoint fell inside the streak and the run was resumed from it; a
+    streak shorter than the limit (one bad batch of 2 steps) is skipped and training goes on."""
+    first_bad = 6
+
+    def sample(batch: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32):
+        ep = SAMPLE(batch, generator=generator, dtype=dtype)
+        if generator.initial_seed() in bad:
+            ep.y_query[0] = float("inf")
+        return ep
+
+    bad = {derive_seed(_cfg().seed, "data", k) for k in range(first_bad, 40, 2)}
+    cfg = _cfg(steps=40, resample_every=2, log_every=1, eval_every=0, skip_nonfinite=True, skip_limit=5)
+    with pytest.raises(
+        FloatingPointError, match=r"the 5th step in a row skipped .* at step 10 .*the weights, not a rare batch"
+    ):
+        train(_model(), sample, cfg)
+    # stopped at step 8 (2 skipped in a row so far), resumed: the streak goes on from 2
+    with pytest.raises(stop.Stopped):
+        train(_model(), sample, cfg, out_dir=tmp_path, stop_when=lambda k: k == 8)
+    with pytest.raises(
+        FloatingPointError, match=r"the 5th step in a row skipped .* at step 10 .*the weights, not a rare batch"
+    ):
+        train(_model(), sample, cfg, out_dir=tmp_path)
+    bad = {derive_seed(_cfg().seed, "data", first_bad)}
+    assert train(_model(), sample, cfg).skipped_steps == 2
 
 
 def test_a_diverged_run_resumes_from_its_checkpoint_once_it_skips_nonfinite_steps(tmp_path) -> None:

@@ -63,6 +63,9 @@ class TrainConfig:
         "none"
     )  # re-mask (class docstring)
     skip_nonfinite: bool = False  # skip (and count) steps whose loss or gradient has an inf/NaN (as AMP's GradScaler)
+    #: with ``skip_nonfinite``: this many steps skipped in a row end the run (DivergenceError), since then every batch
+    #: overflows: the weights, not a rare batch (a batch is kept ``resample_every`` steps, each of them skipped)
+    skip_limit: int = added_setting(100)
     resample_every: int = 1
     train_size: int | None = None
     lbfgs_history: int = 100
@@ -82,6 +85,7 @@ class TrainConfig:
         pos = "an int >= 1"
         self._check_finite()
         require_int(self, "steps", self.steps, 1)
+        require_int(self, "skip_limit", self.skip_limit, 1)
         require_int(self, "batch_size", self.batch_size, 1)
         require(self, "optimizer", self.optimizer in OPTIMIZERS, f"one of {OPTIMIZERS}")
         require(self, "lr", self.lr > 0, "a float > 0")

@@ -54,6 +54,13 @@ PENDING_LOSSES = 1000  # at most this many steps' losses are held on the device 
 log = logging.getLogger("iclab")
 
 
+#: what a DivergenceError advises (:func:`_divergence`)
+ADVICE = (
+    "lower lr or enable clip, or set skip_nonfinite where a rare batch overflows (a run in the same directory then "
+    "resumes from the checkpoint kept)"
+)
+
+
 def mse_loss(model: nn.Module, episode: Episode) -> Tensor:
     """Mean squared error of the query prediction, E(ŷ − y_q)² (Ahn et al. 2023, eq. 5/58)."""
     assert episode.y_query is not None  # a regression episode
@@ -237,6 +244,7 @@ class _Run:
         self.resumed: int | None = None  # the step a checkpoint was resumed from
         self.writer: Any = None
         self.skipped = 0  # steps skipped for a non-finite gradient (cfg.skip_nonfinite), carried across a resume
+        self.streak = 0  # of them, the ones in a row up to the last step (cfg.skip_limit), carried across a resume
         self.step_times: list[float] = []
         self.eval_times: list[float] = []
         self.draw_times: list[float] = []
@@ -265,6 +273,7 @@ class _Run:
         # the skip count of the checkpoint's own step (a skip after the last metrics row counts too); a checkpoint
         # written before the count was stored carries it in its last row
         self.skipped = int(ck.get("skipped", self.history[-1].get("skipped_steps", 0) if self.history else 0))
+        self.streak = int(ck.get("streak", 0))
         self.repair_metrics()
         if not ck.get("finished"):
             return None
@@ -362,8 +371,16 @@ class _Run:
             if cfg.skip_nonfinite and not (_all_finite([loss.detach()]) and _finite_gradients(params)):
                 opt.zero_grad(set_to_none=True)  # one bad batch does not poison the weights
                 self.skipped += 1
+                self.streak += 1
                 skipped_now = True
+                if self.streak >= cfg.skip_limit:
+                    raise self.diverged(
+                        step,
+                        f"the {self.streak}th step in a row skipped for a non-finite loss or gradient (skip_limit)",
+                        "every batch overflows: the weights, not a rare batch; lower lr or add warmup_steps",
+                    )
             else:
+                self.streak = 0
                 self.clip()
                 opt.step()
                 if cfg.projection != "none":
@@ -467,7 +484,7 @@ class _Run:
         if not _all_finite(_state_tensors(self.opt.state_dict()["state"])):
             raise self.diverged(step - 1, "the optimiser state became non-finite")
 
-    def diverged(self, step: int, what: str) -> DivergenceError:
+    def diverged(self, step: int, what: str, advice: str = ADVICE) -> DivergenceError:
         """The DivergenceError of ``what`` at ``step``, with the newest finite loss and the checkpoints kept."""
         last: tuple[int, float] | None = None
         if self.last_finite is not None:
@@ -475,7 +492,7 @@ class _Run:
         else:
             row = next((r for r in reversed(self.history) if math.isfinite(r.get("train_loss", math.nan))), None)
             last = (int(row["step"]), row["train_loss"]) if row is not None else None
-        return _divergence(self.description, step, what, last, self.out)
+        return _divergence(self.description, step, what, last, self.out, advice)
 
     def repair_metrics(self) -> None:
         """Bring ``metrics.jsonl`` up to the resumed checkpoint's history: a file behind it (a write the disk refused),
@@ -517,6 +534,7 @@ class _Run:
             "finished": finished,
             "seconds": seconds,
             "skipped": self.skipped,
+            "streak": self.streak,
         }
         try:
             atomic_torch_save(out / NEWEST, state)
@@ -690,9 +708,10 @@ def _checkpoint_problem(ck: dict[str, Any], model: nn.Module, opt: torch.optim.O
         return f"its step {step!r} is not an int in [0, {steps}]"
     if ck.get("finished") and step != steps:
         return f"it says finished at step {step} of {steps}"
-    skipped = ck.get("skipped", 0)
-    if not isinstance(skipped, int) or isinstance(skipped, bool) or not 0 <= skipped <= step:
-        return f"its skipped-step count {skipped!r} is not an int in [0, {step}]"
+    for key, what in (("skipped", "skipped-step count"), ("streak", "count of steps skipped in a row")):
+        count = ck.get(key, 0)
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= step:
+            return f"its {what} {count!r} is not an int in [0, {step}]"
     want, got = model.state_dict(), ck["model"]
     if not isinstance(got, dict) or set(got) != set(want):
         names = sorted(set(got) ^ set(want)) if isinstance(got, dict) else []
@@ -804,16 +823,13 @@ def _first_nonfinite(model: nn.Module) -> str | None:
 
 
 def _divergence(
-    description: str, step: int, what: str, last: tuple[int, float] | None, out: Path | None
+    description: str, step: int, what: str, last: tuple[int, float] | None, out: Path | None, advice: str = ADVICE
 ) -> DivergenceError:
     """The DivergenceError of ``what`` (a non-finite loss, parameter or optimiser state) at ``step``: the newest
     finite train loss, the checkpoints kept (:func:`_kept`; none is ever a diverged state) and what to change."""
     last_text = f"last finite train loss {last[1]:.6g} at step {last[0]}" if last else "no finite loss"
     kept = f"; {_kept(out)}" if out is not None else ""
-    return DivergenceError(
-        f"{description}: {what} at step {step} ({last_text}){kept}; lower lr or enable clip, or set skip_nonfinite "
-        "where a rare batch overflows (a run in the same directory then resumes from the checkpoint kept)"
-    )
+    return DivergenceError(f"{description}: {what} at step {step} ({last_text}){kept}; {advice}")
 
 
 def _depth(model: nn.Module) -> int:
