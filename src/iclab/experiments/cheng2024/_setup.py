@@ -73,6 +73,10 @@ class GPSetup:
     init_std: float = 0.1
     exp_lr: float | None = 0.01  # lr of models with an exp head (unbounded scores: smaller steps); None: train.lr
     exp_logit_cap: float | None = 20.0  # exp heads compute exp(min(s, 20)): float32 overflow guard (docs/errata.md)
+    #: models with an exp head and more layers than this train in float64 (``protocol='paper'``): in float32 their
+    #: sums of exp scores up to e²⁰ cancel, and a 7-layer model diverges at any lr (docs/errata.md); None: every model
+    #: in ``train.dtype``
+    float64_depth: int | None = added_setting(3)
     test_batch: int = 30_000  # float64 test set per (seed, K, n): model and Bayes losses
     train: TrainConfig = field(default_factory=paper_train)
     #: "paper": ``train`` as given; "authors": the authors' loop (:func:`authors_train` over ``train``, their masked
@@ -89,6 +93,9 @@ class GPSetup:
         require(self, "spectrum", len(self.spectrum) == self.d, f"{self.d} (= d) floats")
         require(self, "exp_sigma", self.exp_sigma > 0, "a float > 0")
         require(self, "exp_lr", self.exp_lr is None or self.exp_lr > 0, "null or a float > 0")
+        require(
+            self, "float64_depth", self.float64_depth is None or is_int(self.float64_depth, 0), "null or an int >= 0"
+        )
         unset = TrainConfig().checkpoint_every  # training runs checkpoint every train.steps / 5 themselves
         require(self, "train.checkpoint_every", self.train.checkpoint_every == unset,
                 f"left at {unset}: these cards checkpoint every train.steps / 5", self.train.checkpoint_every)  # fmt: skip
@@ -202,7 +209,7 @@ def model_job(
     """The training run of one model on seed ``seed``'s K-GP with ``n`` demonstrations.
 
     The 1/n factor is on every head but softmax (which already averages over the n sources); models with an
-    exp head train at ``exp_lr`` (unbounded scores); the init draws from ``("init", name)`` of the seed. With
+    exp head train at ``exp_lr`` (unbounded scores), in float64 when deeper than ``float64_depth``; the init draws from ``("init", name)`` of the seed. With
     ``setup.protocol == 'authors'`` the model is :class:`MaskedKernelTransformer` trained by :func:`authors_train`."""
     value = setup.value if value is None else value
     task = make_task(setup, seed, kernel)
@@ -217,6 +224,9 @@ def model_job(
     )
     lr = setup.exp_lr if "exp" in activations and setup.exp_lr is not None else setup.train.lr
     train = dataclasses.replace(setup.train, lr=lr, checkpoint_every=max(1, setup.train.steps // 5))
+    deep = setup.float64_depth is not None and n_layers > setup.float64_depth
+    if deep and "exp" in activations and setup.protocol == "paper":
+        train = dataclasses.replace(train, dtype="float64")
     spec = ModelSpec(KernelTransformer, mcfg)
     if setup.protocol == "authors":  # their loop: every head / n, lr 0.1 for every model, no cap
         mcfg = dataclasses.replace(mcfg, value="full", qk="full", divide_by_n=True, exp_logit_cap=None)
