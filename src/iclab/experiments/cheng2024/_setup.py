@@ -11,7 +11,8 @@ is evaluated too, so "no model beats Bayes" is a paired comparison with a known 
 Where the paper is silent the choices are recorded in docs/papers/cheng2024.md:
 Adam (β = (0.9, 0.999)) with a cosine schedule and per-matrix clipping 1.0, lr 0.01, init N(0, 0.1²)
 (the authors' code), the authors' 1/n factor on every head (a re-scaling of r and A that keeps Adam's
-steps O(1) for all n), exp kernel σ = 1 (the paper, not the code's √2), float32 training.
+steps O(1) for all n), exp kernel σ = 1 (the paper, not the code's √2), float32 training (float64 for models with an
+exp head and more than 3 layers: float32 cancels in their exp sums), the steps of a batch whose loss overflows skipped.
 
 ``protocol=authors`` trains instead with the authors' own loop (``run_exp`` of their run-exp.ipynb):
 :func:`authors_train`'s optimiser and clipping on :class:`MaskedKernelTransformer`, their parameterisation
