@@ -119,7 +119,8 @@ def claims(results: Fig2Results, cfg: Fig2Config) -> list[ClaimResult]:
 
 
 # quick: the K^relu half at n = 14 (Fig. 2a), L ∈ {1, 3, 5}, 250 steps. exp_lr 0.005: at 0.01 the 5-layer exp model
-# on K^relu data diverged (loss 1e22 by step 90) through every code path (token, fused, C): an edge of stability.
+# on K^relu data diverged in float32 (loss 1e22 by step 90) through every code path (token, fused, C); such models now
+# train in float64 (float64_depth, docs/errata.md).
 CARD = card(
     Fig2Config,
     "Fig. 2: log test loss vs number of layers (n = 14 and n = 6) on K^relu and K^exp",
