@@ -274,6 +274,20 @@ def test_a_run_that_skips_every_batch_stops_at_skip_limit(tmp_path) -> None:
     assert train(_model(), sample, cfg).skipped_steps == 2
 
 
+def test_a_nonfinite_test_loss_is_kept_under_skip_nonfinite(caplog) -> None:
+    """A test set with one prompt whose float32 error overflows: without ``skip_nonfinite`` the run stops at the first
+    evaluation; with it the inf is kept in the curve with a warning and training goes on (the weights are finite)."""
+    test = SAMPLE(64, generator=generator(9))
+    test.y_query[0] = 1e20
+    cfg = _cfg(steps=12, log_every=1, eval_every=5, skip_nonfinite=True)
+    with caplog.at_level("WARNING"):
+        res = train(_model(), SAMPLE, cfg, test_episode=test)
+    assert [r["test_loss"] for r in res.history if "test_loss" in r] == [float("inf")] * 4  # steps 0, 5, 10, 11
+    assert "non-finite test loss (inf) at step 0, kept in the curve" in caplog.text and res.skipped_steps == 0
+    with pytest.raises(FloatingPointError, match=r"non-finite test loss \(inf\) at step 0"):
+        train(_model(), SAMPLE, dataclasses.replace(cfg, skip_nonfinite=False), test_episode=test)
+
+
 def test_a_diverged_run_resumes_from_its_checkpoint_once_it_skips_nonfinite_steps(tmp_path) -> None:
     """A run that cannot skip dies on the one batch that overflows; the same run with ``skip_nonfinite`` turned on
     resumes from the checkpoint it kept (written before that batch) and ends bit for bit where the run that skipped

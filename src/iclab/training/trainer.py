@@ -416,7 +416,7 @@ class _Run:
         gradient check when skipping). Every step's loss is checked finite, not only the logged ones: the losses held
         since the last row are checked together at the row (:meth:`check_losses`, at least every ``PENDING_LOSSES``
         steps); the row's test loss and the parameters are checked too. A non-finite one raises DivergenceError naming
-        the first step that had one. The row is appended to the history and written to TensorBoard."""
+        the first step that had one (a non-finite test loss only warns under ``skip_nonfinite``). The row is appended to the history and written to TensorBoard."""
         cfg = self.cfg
         done = step + 1
         log_now = step % cfg.log_every == 0 or done == cfg.steps
@@ -437,7 +437,12 @@ class _Run:
         if bad_param is not None:
             raise self.diverged(step, f"parameter {bad_param!r} became non-finite")
         if not math.isfinite(row.get("test_loss", 0.0)):
-            raise self.diverged(step, f"non-finite test loss ({row['test_loss']})")
+            if not cfg.skip_nonfinite:
+                raise self.diverged(step, f"non-finite test loss ({row['test_loss']})")
+            # the weights are finite: a rare test prompt overflows, as a rare batch does (a run whose every batch
+            # overflows ends at skip_limit); the row keeps the value
+            log.warning("%s: non-finite test loss (%s) at step %d, kept in the curve", self.description,
+                        row["test_loss"], step)  # fmt: skip
         self.history.append(row)
         if self.writer is not None:
             for k, v in row.items():
