@@ -1,6 +1,6 @@
 """Run the experiments not yet run at ``paper`` one after another, cheapest first, in pieces within a deadline.
 
-    python scripts/paper_queue.py --out ~/runs-paper --time-limit 2h45m [--workers 2] [--max-core-hours 20]
+    python scripts/paper_queue.py --out ~/runs-paper --time-limit 2h45m [--workers 2] [--max-core-hours 20] [--keep-going]
     python scripts/paper_queue.py --dry-run          # the queue and each experiment's projection only
 
 The queue is every experiment of benchmarks/results/paper_presets.json without a ``run`` at its paper settings:
@@ -8,7 +8,8 @@ those already started under ``--out`` first, then by projected core-hours (``est
 ``iclab run EXP --preset paper --workers N --cpus-per-task 1 --time-limit LEFT --out OUT``, where LEFT is what is
 left of this call's ``--time-limit``: an experiment stopped on the deadline checkpoints its runs, and the next call
 of this script (the same arguments) continues it first, bit for bit. Exit code 0 when the queue is done, 75 when the
-deadline stopped it, else the failing ``iclab run``'s. A finished run is recorded with
+deadline stopped it, else the failing ``iclab run``'s: a failure ends the queue, or with ``--keep-going`` (an
+unattended run) the queue goes on with the next experiment and names the failed ones at its end. A finished run is recorded with
 ``python scripts/paper_preset_tables.py record RUN_DIR --workers N`` and its claims diagnosed by hand.
 """
 
@@ -52,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-core-hours", type=float, default=None)
     ap.add_argument("--dry-run", action="store_true", help="print the queue and stop")
+    ap.add_argument(
+        "--keep-going", action="store_true", help="after a failed experiment go on with the next (unattended runs)"
+    )
     args = ap.parse_args(argv)
     deadline = time.monotonic() + parse_duration(args.time_limit)
     todo = queue(json.loads(JSON.read_text()), args.max_core_hours, args.out)
@@ -59,16 +63,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: {core_hours:.1f} core-hours projected", flush=True)
     if args.dry_run:
         return 0
+    failed: list[tuple[str, int]] = []
     for name, _ in todo:
         left = deadline - time.monotonic()
         if left < MIN_PIECE:
-            return INCOMPLETE
+            return _report(failed) or INCOMPLETE
         cmd = [sys.executable, "-m", "iclab", "run", name, "--preset", "paper", "--workers", str(args.workers),
                "--cpus-per-task", "1", "--time-limit", f"{int(left)}s", "--out", str(args.out)]  # fmt: skip
         code = subprocess.call(cmd)
-        if code != 0:  # 75: the deadline; anything else: a failure to look at
-            return code
-    return 0
+        if code == INCOMPLETE:
+            return _report(failed) or INCOMPLETE
+        if code != 0:  # a failure to look at
+            failed.append((name, code))
+            if not args.keep_going:
+                break
+    return _report(failed)
+
+
+def _report(failed: list[tuple[str, int]]) -> int:
+    """Print the experiments that failed; the first one's exit code, or 0 when none did."""
+    for name, code in failed:
+        print(f"{name}: failed (exit {code}); its log says why", flush=True)
+    return failed[0][1] if failed else 0
 
 
 if __name__ == "__main__":

@@ -281,6 +281,13 @@ def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(tmp_
     codes = iter([1])
     assert q.main(["--time-limit", "1h"]) == 1 and len(calls) == 1  # a failure stops the queue
     calls.clear()
+    codes = iter([3, 0])
+    assert q.main(["--time-limit", "1h", "--keep-going"]) == 3 and len(calls) == 2  # ... or not, and says so
+    assert "a.small: failed (exit 3)" in capsys.readouterr().out
+    calls.clear()
+    codes = iter([3, 75])
+    assert q.main(["--time-limit", "1h", "--keep-going"]) == 3 and len(calls) == 2  # the failure outranks the stop
+    calls.clear()
     assert q.main(["--dry-run"]) == 0 and not calls
     assert "a.small: 1.5 core-hours projected" in capsys.readouterr().out
     assert q.main(["--time-limit", "60s"]) == 75 and not calls  # less than a piece is worth: nothing started
