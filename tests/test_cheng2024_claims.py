@@ -61,10 +61,10 @@ def test_fig4_two_heads_match_fails_when_the_2_head_model_does_not_sit_by_the_ma
     assert ("nan" in claim.detail) == math.isnan(claim.measured)
 
 
-def test_deep_exp_head_models_train_in_float64() -> None:
-    """Models with an exp head and more than ``float64_depth`` layers train in float64 (float32 cancels in their exp
-    sums); shallower ones, models without an exp head and the authors' protocol keep ``train.dtype``. The default
-    (3) is left out of the config's identity, so run directories of the earlier configs keep their names."""
+def test_deep_models_train_in_float64() -> None:
+    """Models of more than ``float64_depth`` layers train in float64 (float32 cancels in a deep exp head's sums; one
+    precision per L for every head); shallower ones and the authors' protocol keep ``train.dtype``. The default (3)
+    is left out of the config's identity, so run directories of the earlier configs keep their names."""
     import dataclasses
 
     from iclab import ConfigError
@@ -77,7 +77,8 @@ def test_deep_exp_head_models_train_in_float64() -> None:
         return model_job(c, seed=0, kernel="linear", activations=acts, n=14, n_layers=L, name="m").run.train.dtype
 
     assert [dtype(("exp",), L) for L in (1, 3, 5, 7)] == ["float32", "float32", "float64", "float64"]
-    assert dtype(("linear", "exp"), 5) == "float64" and dtype(("linear",), 7) == "float32"
+    assert dtype(("linear", "exp"), 5) == "float64" and dtype(("linear",), 7) == "float64"
+    assert dtype(("linear",), 3) == "float32"
     assert dtype(("exp",), 7, dataclasses.replace(cfg, protocol="authors")) == "float32"
     assert dtype(("exp",), 7, dataclasses.replace(cfg, float64_depth=None)) == "float32"
     assert dtype(("exp",), 1, dataclasses.replace(cfg, float64_depth=0)) == "float64"

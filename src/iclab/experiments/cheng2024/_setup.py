@@ -11,8 +11,8 @@ is evaluated too, so "no model beats Bayes" is a paired comparison with a known 
 Where the paper is silent the choices are recorded in docs/papers/cheng2024.md:
 Adam (β = (0.9, 0.999)) with a cosine schedule and per-matrix clipping 1.0, lr 0.01, init N(0, 0.1²)
 (the authors' code), the authors' 1/n factor on every head (a re-scaling of r and A that keeps Adam's
-steps O(1) for all n), exp kernel σ = 1 (the paper, not the code's √2), float32 training (float64 for models with an
-exp head and more than 3 layers: float32 cancels in their exp sums), the steps of a batch whose loss overflows skipped.
+steps O(1) for all n), exp kernel σ = 1 (the paper, not the code's √2), float32 training (float64 for models of more
+than 3 layers: float32 cancels in a deep exp head's sums), the steps of a batch whose loss overflows skipped.
 
 ``protocol=authors`` trains instead with the authors' own loop (``run_exp`` of their run-exp.ipynb):
 :func:`authors_train`'s optimiser and clipping on :class:`MaskedKernelTransformer`, their parameterisation
@@ -74,9 +74,10 @@ class GPSetup:
     init_std: float = 0.1
     exp_lr: float | None = 0.01  # lr of models with an exp head (unbounded scores: smaller steps); None: train.lr
     exp_logit_cap: float | None = 20.0  # exp heads compute exp(min(s, 20)): float32 overflow guard (docs/errata.md)
-    #: models with an exp head and more layers than this train in float64 (``protocol='paper'``): in float32 their
-    #: sums of exp scores up to e²⁰ cancel, and a 7-layer model diverges at any lr (docs/errata.md); None: every model
-    #: in ``train.dtype``
+    #: models with more layers than this train in float64 (``protocol='paper'``): in float32 a 7-layer exp-head model
+    #: diverges at any lr (its sums of exp scores up to e²⁰ cancel) and a 7-layer linear one spikes where float64 does
+    #: not; one precision for every head keeps a figure's comparison at each L fair (docs/errata.md); None: every
+    #: model in ``train.dtype``
     float64_depth: int | None = added_setting(3)
     test_batch: int = 30_000  # float64 test set per (seed, K, n): model and Bayes losses
     train: TrainConfig = field(default_factory=paper_train)
@@ -210,7 +211,7 @@ def model_job(
     """The training run of one model on seed ``seed``'s K-GP with ``n`` demonstrations.
 
     The 1/n factor is on every head but softmax (which already averages over the n sources); models with an
-    exp head train at ``exp_lr`` (unbounded scores), in float64 when deeper than ``float64_depth``; the init draws from ``("init", name)`` of the seed. With
+    exp head train at ``exp_lr`` (unbounded scores); models deeper than ``float64_depth`` in float64; the init draws from ``("init", name)`` of the seed. With
     ``setup.protocol == 'authors'`` the model is :class:`MaskedKernelTransformer` trained by :func:`authors_train`."""
     value = setup.value if value is None else value
     task = make_task(setup, seed, kernel)
@@ -226,7 +227,7 @@ def model_job(
     lr = setup.exp_lr if "exp" in activations and setup.exp_lr is not None else setup.train.lr
     train = dataclasses.replace(setup.train, lr=lr, checkpoint_every=max(1, setup.train.steps // 5))
     deep = setup.float64_depth is not None and n_layers > setup.float64_depth
-    if deep and "exp" in activations and setup.protocol == "paper":
+    if deep and setup.protocol == "paper":
         train = dataclasses.replace(train, dtype="float64")
     spec = ModelSpec(KernelTransformer, mcfg)
     if setup.protocol == "authors":  # their loop: every head / n, lr 0.1 for every model, no cap
