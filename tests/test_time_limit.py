@@ -310,3 +310,27 @@ def test_a_damaged_pieces_file_is_moved_aside_and_its_time_not_counted(tmp_path:
     add_piece(tmp_path, 2.5)
     add_piece(tmp_path, 1.0)
     assert pieces_seconds(tmp_path) == [2.5, 1.0]
+
+
+def test_not_started_leaves_out_the_runs_an_earlier_piece_trained(tmp_path: Path) -> None:
+    """A stop's "N not started" counts the runs of the batch with no checkpoint: one an earlier piece finished (or
+    began) is in the progress line as finished (or partial) already. In this process, and as a pool's outcomes."""
+    from iclab.experiments._tasks import Outcome
+    from iclab.experiments.registry import _recount_not_started
+    from iclab.training.run import ModelSpec, TrainingRun, execute_all
+
+    spec = ModelSpec(LinearTransformer, LinearTransformerConfig(d=3, n_layers=2, pattern="sparse", init_std=0.1))
+    cfg = TrainConfig(steps=4, batch_size=16, eval_every=0, progress=False)
+    runs = [TrainingRun(name=f"r{i}", model=spec, task=SAMPLE, train=cfg, out_dir=tmp_path / f"r{i}") for i in range(4)]
+    execute_all([runs[2]])  # an earlier piece finished r2
+    stop.request("SIGTERM")
+    try:
+        with pytest.raises(stop.Stopped) as e:
+            execute_all(runs)
+    finally:
+        stop.reset()
+    assert e.value.progress == "r0 not started" and e.value.not_started == 3  # r0, r1, r3
+    not_started = [stop.Stopped(f"x/r{i} not started", "SIGTERM", 4) for i in range(4)]
+    outcomes = [Outcome(i, f"x/r{i}", v) for i, v in enumerate(not_started)]
+    _recount_not_started(runs, outcomes)
+    assert {v.not_started for v in not_started} == {3}

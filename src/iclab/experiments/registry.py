@@ -30,7 +30,8 @@ from rich.progress import Progress
 
 from iclab.core.errors import ConfigError, did_you_mean
 from iclab.experiments.backends import Backend, Outcome
-from iclab.training.run import TrainingRun, adopt, check_names, execute_all, execute_on
+from iclab.training.run import TrainingRun, adopt, check_names, execute_all, execute_on, has_checkpoint
+from iclab.training.stop import Stopped
 from iclab.training.trainer import TrainResult
 
 PRESETS = ("smoke", "quick", "paper")
@@ -236,6 +237,7 @@ class RunContext:
         outcomes = self.backend.map(fn, runs, labels=[f"{label}/{r.name}" for r in runs], on_done=done)
         if task is not None and self.progress is not None:
             self.progress.remove_task(task)
+        _recount_not_started(runs, outcomes)
         return [adopt(run, o.unwrap()) for run, o in zip(runs, outcomes, strict=True)]
 
     def _probe(self, run: TrainingRun) -> TrainResult:
@@ -442,3 +444,15 @@ def select(pattern: str | None) -> list[Experiment]:
         papers = sorted({e.paper for e in exps.values()})
         raise ConfigError(f"no experiment or paper named {pattern!r}{did_you_mean(pattern, list(exps) + papers)}")
     return chosen
+
+
+def _recount_not_started(runs: Sequence[TrainingRun], outcomes: Sequence[Outcome]) -> None:
+    """A stopped map's count of runs not started, less those with a checkpoint from an earlier piece (the progress
+    line counts them finished or partial already), set on every Stopped outcome."""
+    stopped = [o.value for o in outcomes if isinstance(o.value, Stopped)]
+    fresh = sum(
+        isinstance(o.value, Stopped) and o.value.progress.endswith(" not started") and not has_checkpoint(r)
+        for r, o in zip(runs, outcomes, strict=True)
+    )
+    for e in stopped:
+        e.not_started = fresh

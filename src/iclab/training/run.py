@@ -46,7 +46,7 @@ from iclab.core.seeding import derive_seed, generator
 from iclab.training import stop
 from iclab.training.config import TrainConfig
 from iclab.training.population import Trajectory, full_batch_gd, population_flow
-from iclab.training.trainer import LossFn, SnapshotFn, TrainResult, mse_loss, train
+from iclab.training.trainer import CHECKPOINT, LossFn, SnapshotFn, TrainResult, mse_loss, train
 
 Regime = Literal["sampled", "full_batch", "population"]
 REGIMES = ("sampled", "full_batch", "population")
@@ -181,7 +181,8 @@ def execute_all(
     """Execute ``runs`` in this process, one after another, and return their results in the same order.
 
     A run asked to stop (:mod:`iclab.training.stop`) checkpoints and raises :class:`~iclab.training.stop.Stopped`,
-    counting the runs after it as not started.
+    counting the runs after it that have no checkpoint as not started (one with a checkpoint, from an earlier piece, is
+    finished or partial in the progress line already).
 
     A backend (``iclab.experiments.backends``: a local process pool, Ray) runs each on a worker with
     :func:`execute_on` instead; :meth:`iclab.experiments.registry.RunContext.execute` chooses.
@@ -192,8 +193,14 @@ def execute_all(
         try:
             results.append(r.execute(device=device, progress=progress))
         except stop.Stopped as e:  # the runs after it are not started; a caller's summary counts them
-            raise stop.Stopped(e.progress, e.reason, e.not_started + len(runs) - i - 1) from None
+            fresh = sum(not has_checkpoint(q) for q in runs[i + 1 :])
+            raise stop.Stopped(e.progress, e.reason, e.not_started + fresh) from None
     return results
+
+
+def has_checkpoint(run: TrainingRun) -> bool:
+    """Whether ``run`` has a checkpoint in its directory: an earlier piece trained it, in part or in full."""
+    return run.out_dir is not None and (Path(run.out_dir) / CHECKPOINT).is_file()
 
 
 def execute_on(run: TrainingRun, *, device: str = "cpu") -> TrainResult:
