@@ -205,7 +205,7 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     assert run["pieces"] == 3 and "pieces" not in red  # a run continued after deadlines: its time is all pieces
     assert (
         tables.where(run).endswith(
-            ", in 3 pieces; steps skipped for a non-finite gradient: r1 20 of 3000; beside a probe"
+            ", in 3 pieces; steps skipped for a non-finite loss or gradient: r1 20 of 3000; beside a probe"
         )
         and tables.where(run)[:4].isdigit()
     )

@@ -205,7 +205,7 @@ def test_a_piece_that_ends_on_a_failed_run_counts_its_time(tmp_path: Path, monke
 
 
 def test_the_summary_names_the_runs_that_skipped_nonfinite_steps(tmp_path: Path, monkeypatch, caplog) -> None:
-    """A run that skipped steps for a non-finite gradient is named in summary.json (``skipped_steps``: run ->
+    """A run that skipped steps for a non-finite loss or gradient is named in summary.json (``skipped_steps``: run ->
     [skipped, steps]) and in one warning line; a reused experiment keeps the entry; a clean one has none."""
     monkeypatch.setattr(TrainResult, "skipped_steps", property(lambda self: 3))
     cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path), *ARGS]
@@ -214,8 +214,9 @@ def test_the_summary_names_the_runs_that_skipped_nonfinite_steps(tmp_path: Path,
     run_dir = next((tmp_path / EXP).iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["skipped_steps"] == {"seed0": [3, 20], "seed1": [3, 20]}
-    assert f"{EXP}: 2 training runs skipped steps with a non-finite gradient (seed0: 3 of 20, seed1: 3 of 20)" in (
-        caplog.text
+    assert (
+        f"{EXP}: 2 training runs skipped steps with a non-finite loss or gradient (seed0: 3 of 20, seed1: 3 of 20)"
+        in (caplog.text)
     )
     monkeypatch.undo()
     assert CliRunner().invoke(app, cli).exit_code == 0  # reused: the entry stays

@@ -175,7 +175,7 @@ class RunContext:
     backend: Backend | None = None
     #: the device the backend's tasks train on ("cuda" for Ray tasks with GPUs); None: ``device``
     task_device: str | None = None
-    #: run name -> (steps skipped for a non-finite gradient, steps) of the runs :meth:`execute` returned that skipped
+    #: run name -> (steps skipped for a non-finite loss or gradient, steps) of the runs :meth:`execute` returned that skipped
     skipped: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def subdir(self, *parts: object) -> Path:

@@ -4,8 +4,8 @@ results, figures and ``claims.json``.
 Layout: ``<out>/<experiment>/<preset>-<config hash>/`` holding ``config.yaml``, ``results.pt``,
 ``claims.json``, ``summary.json`` (the experiment, preset, wall ``seconds`` of all pieces, ``pieces``, whether every
 claim passed, the figures, ``skipped_steps``), figures (``*.png``), ``pieces.json`` while an experiment is unfinished,
-and one sub-directory per training run (checkpoints and ``metrics.jsonl``). Same config, same directory: a finished experiment is
-reused, an interrupted one resumes its training runs from their checkpoints.
+and one sub-directory per training run (checkpoints and ``metrics.jsonl``). Same config, same directory: a finished
+experiment is reused, an interrupted one resumes its training runs from their checkpoints.
 """
 
 from __future__ import annotations
@@ -373,13 +373,13 @@ def skipped_entries(value: object) -> dict[str, tuple[int, int]]:
 
 
 def _say_skipped(name: str, skipped: dict[str, tuple[int, int]]) -> None:
-    """One warning line naming the training runs that skipped steps for a non-finite gradient (at most four)."""
+    """One warning line naming the training runs that skipped steps for a non-finite loss or gradient (at most four)."""
     if not skipped:
         return
     runs = [f"{k}: {s} of {n}" for k, (s, n) in sorted(skipped.items())]
     more = f", {len(runs) - 4} more" if len(runs) > 4 else ""
     log.warning(
-        "%s: %d training run%s skipped steps with a non-finite gradient (%s%s)",
+        "%s: %d training run%s skipped steps with a non-finite loss or gradient (%s%s)",
         name, len(runs), "s" if len(runs) != 1 else "", ", ".join(runs[:4]), more,
     )  # fmt: skip
 

@@ -79,7 +79,7 @@ class TrainResult:
 
     @property
     def skipped_steps(self) -> int:
-        """Steps skipped for a non-finite gradient (``TrainConfig.skip_nonfinite``), as of the last logged row."""
+        """Steps skipped for a non-finite loss or gradient (``TrainConfig.skip_nonfinite``), as of the last logged row."""
         return int(self.history[-1].get("skipped_steps", 0)) if self.history else 0
 
     def curve(self, key: str) -> tuple[list[int], list[float]]:

@@ -243,7 +243,9 @@ class _Run:
         self.start = 0
         self.resumed: int | None = None  # the step a checkpoint was resumed from
         self.writer: Any = None
-        self.skipped = 0  # steps skipped for a non-finite gradient (cfg.skip_nonfinite), carried across a resume
+        self.skipped = (
+            0  # steps skipped for a non-finite loss or gradient (cfg.skip_nonfinite), carried across a resume
+        )
         self.streak = 0  # of them, the ones in a row up to the last step (cfg.skip_limit), carried across a resume
         self.step_times: list[float] = []
         self.eval_times: list[float] = []
@@ -333,10 +335,10 @@ class _Run:
     def step(self, step: int) -> tuple[Tensor, float, bool]:
         """One optimiser step on ``step``'s batch at ``step``'s learning rate, the gradients clipped when ``cfg.clip``
         or ``cfg.clip_thresholds`` is set (:meth:`clip`) and the masked entries re-zeroed after the update when
-        ``cfg.projection`` asks (:meth:`project`); with ``cfg.skip_nonfinite`` a non-finite loss or gradient skips the update
-        (and the projection). The loss of every step that was not skipped is held, on the device, for :meth:`log`'s
-        finiteness check. Returns (the loss before the update, the
-        learning rate, whether the update was skipped). Its host time goes to ``step_times``, and the drawing of a
+        ``cfg.projection`` asks (:meth:`project`); with ``cfg.skip_nonfinite`` a non-finite loss or gradient skips the
+        update (and the projection), and the ``cfg.skip_limit``-th step skipped in a row raises DivergenceError. The
+        loss of every step that was not skipped is held, on the device, for :meth:`log`'s finiteness check. Returns
+        (the loss before the update, the learning rate, whether the update was skipped). Its host time goes to ``step_times``, and the drawing of a
         new batch, timed apart, to ``draw_times``."""
         cfg, opt, params, model = self.cfg, self.opt, self.params, self.model
         t_step = time.perf_counter()
@@ -376,7 +378,7 @@ class _Run:
                 if self.streak >= cfg.skip_limit:
                     raise self.diverged(
                         step,
-                        f"the {self.streak}th step in a row skipped for a non-finite loss or gradient (skip_limit)",
+                        f"{self.streak} steps in a row skipped for a non-finite loss or gradient (skip_limit)",
                         "every batch overflows: the weights, not a rare batch; lower lr or add warmup_steps",
                     )
             else:
@@ -416,7 +418,8 @@ class _Run:
         gradient check when skipping). Every step's loss is checked finite, not only the logged ones: the losses held
         since the last row are checked together at the row (:meth:`check_losses`, at least every ``PENDING_LOSSES``
         steps); the row's test loss and the parameters are checked too. A non-finite one raises DivergenceError naming
-        the first step that had one (a non-finite test loss only warns under ``skip_nonfinite``). The row is appended to the history and written to TensorBoard."""
+        the first step that had one (a non-finite test loss only warns under ``skip_nonfinite``). The row is appended
+        to the history and written to TensorBoard."""
         cfg = self.cfg
         done = step + 1
         log_now = step % cfg.log_every == 0 or done == cfg.steps
@@ -695,8 +698,8 @@ def resumes_under(stored: object, config: dict[str, Any]) -> bool:
     config, or the same but for ``skip_nonfinite`` turned on since. A run that could not skip and still checkpointed
     met no non-finite loss or gradient (every loss is checked before a checkpoint, and a non-finite gradient leaves a
     non-finite state, which :func:`_checkpoint_problem` refuses), so its steps are those the run that skips would have
-    taken: a run that diverged on one rare batch goes on from its
-    last checkpoint with the option on, instead of from step 0."""
+    taken: a run that diverged on one rare batch goes on from its last checkpoint with the option on, instead of
+    from step 0."""
     if stored == config:
         return True
     if not isinstance(stored, dict) or stored.get("skip_nonfinite") is not False or not config.get("skip_nonfinite"):
