@@ -199,3 +199,28 @@ def test_bad_input_is_rejected() -> None:
     with pytest.raises(ConfigError, match="TwoLayerReLUNetwork.width"):
         tasks.TwoLayerReLUNetwork(width=0)
     assert_close(sym_inv_sqrt(_task().Sigma) @ _task().Sigma @ sym_inv_sqrt(_task().Sigma), torch.eye(5, dtype=F64))
+
+
+@pytest.mark.parametrize(
+    ("kernel", "kw"), [("relu", {}), ("exp", {}), ("linear", {}), ("relu", {"jitter": 0.1}), ("exp", {"method": "eigh"})]
+)
+def test_a_draw_without_K_plus_has_the_same_labels(kernel: str, kw: dict) -> None:
+    """``with_K_plus=False`` (a training batch): the same x and y bits, no K_plus in the task or its batched keys; the
+    Bayes oracle then says what it needs."""
+    task = _task(kernel, **kw)
+    for dtype in (torch.float32, F64):
+        a = task.sample(257, 6, generator=iclab.generator(3), dtype=dtype)
+        b = task.sample(257, 6, generator=iclab.generator(3), dtype=dtype, with_K_plus=False)
+        assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y) and torch.equal(a.y_query, b.y_query)
+        assert "K_plus" in a.task and "K_plus" not in b.task and "K_plus" not in b.batched
+        assert set(a.task) - {"K_plus"} == set(b.task) and b[:5].x.shape[0] == 5  # slicing follows its batched keys
+    with pytest.raises(ValueError, match="needs an episode whose task has 'K_plus'"):
+        iclab.algorithms.GaussianProcessPosterior(kernel=None).predict(b)
+
+
+def test_cheng2024_training_batches_carry_no_K_plus() -> None:
+    from iclab.experiments.cheng2024._setup import model_job
+    from iclab.experiments.cheng2024.fig4 import Fig4Config
+
+    job = model_job(Fig4Config(), seed=0, kernel="linear", activations=("linear",), n=14, n_layers=1, name="m")
+    assert "K_plus" not in job.run.task(8, generator=iclab.generator(0)).task

@@ -151,8 +151,19 @@ class GaussianProcess:
             return k
         return None
 
-    def sample(self, batch: int, n: int, *, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> Episode:
-        """``batch`` episodes with ``n`` context pairs on ``generator.device``."""
+    def sample(
+        self,
+        batch: int,
+        n: int,
+        *,
+        generator: torch.Generator,
+        dtype: torch.dtype = torch.float32,
+        with_K_plus: bool = True,
+    ) -> Episode:
+        """``batch`` episodes with ``n`` context pairs on ``generator.device``. ``with_K_plus`` False: the task holds no
+        ``K_plus`` (the label covariance, read by the Bayes oracle and the theory, never by a training loss) and an
+        indefinite kernel's draw does not form it (B · (n+1)² reals: 115 MB a batch of 30 000 at n = 30); the labels
+        are the same bits either way."""
         check_batch_n(type(self).__name__, batch, n)
         dev = generator.device
         u = _whitened_points(batch, n + 1, self.d, self.covariates, self.n_clusters, generator, dtype)  # (B, n+1, d)
@@ -165,48 +176,46 @@ class GaussianProcess:
             mapped = lin.map(u)  # (B, n+1, d')
             theta = torch.randn(batch, mapped.shape[-1], generator=generator, device=dev, dtype=dtype)
             y = math.sqrt(float(lin.weight)) * torch.einsum("btd,bd->bt", mapped, theta)  # (B, n+1)
-            K_plus = K
+            K_plus: Tensor | None = K
             if lin.transform is None:
                 task["w"] = math.sqrt(float(lin.weight)) * theta @ self._cache["inv_sqrt"].to(dev, dtype)
         else:
             g = torch.randn(batch, n + 1, generator=generator, device=dev, dtype=dtype)  # (B, n+1)
-            y, K_plus = self._factor_sample(K, g, psd=kern.is_psd and self.method == "auto")
+            y, K_plus = self._factor_sample(K, g, psd=kern.is_psd and self.method == "auto", with_abs=with_K_plus)
         if self.jitter > 0:
-            eye = torch.eye(n + 1, dtype=dtype, device=dev)
             y = y + math.sqrt(self.jitter) * torch.randn(batch, n + 1, generator=generator, device=dev, dtype=dtype)
-            K_plus = K_plus + self.jitter * eye
-        task.update(
-            Sigma=self.Sigma.to(dev, dtype),
-            Sigma_inv_sqrt=self._cache["inv_sqrt"].to(dev, dtype),
-            K_plus=K_plus,
-        )
-        batched = ("K_plus", "w") if "w" in task else ("K_plus",)
+        task.update(Sigma=self.Sigma.to(dev, dtype), Sigma_inv_sqrt=self._cache["inv_sqrt"].to(dev, dtype))
+        if with_K_plus:
+            assert K_plus is not None  # _factor_sample forms it when asked
+            task["K_plus"] = (
+                K_plus + self.jitter * torch.eye(n + 1, dtype=dtype, device=dev) if self.jitter > 0 else K_plus
+            )
+        batched = tuple(k for k in ("K_plus", "w") if k in task)
         return Episode(x=x[:, :n], y=y[:, :n], x_query=x[:, n], y_query=y[:, n], task=task, batched=batched)
 
     @staticmethod
-    def _factor_sample(K: Tensor, g: Tensor, *, psd: bool) -> tuple[Tensor, Tensor]:
-        """y = F g with F Fᵀ = K₊, and K₊ itself: Cholesky where it succeeds (PSD kernels; on a CPU the C kernel of
-        :func:`iclab.core.symabs.cholesky_sample`), else eigh."""
+    def _factor_sample(K: Tensor, g: Tensor, *, psd: bool, with_abs: bool = True) -> tuple[Tensor, Tensor | None]:
+        """y = F g with F Fᵀ = K₊, and K₊ itself (None unless ``with_abs``): Cholesky where it succeeds (PSD kernels;
+        on a CPU the C kernel of :func:`iclab.core.symabs.cholesky_sample`), else eigh."""
         if psd:
             y, bad = cholesky_sample(K, g)
             if not bool(bad.any()):
                 return y, K
-            y_bad, K_bad = GaussianProcess._eigh_sample(K[bad], g[bad])
+            y_bad, K_bad = abs_sample(K[bad], g[bad])  # the rare K that is not numerically positive definite
+            assert K_bad is not None  # abs_sample forms |K| by default
             y, K = y.clone(), K.clone()
             y[bad], K[bad] = y_bad, K_bad
             return y, K
-        return GaussianProcess._eigh_sample(K, g)
+        return GaussianProcess._eigh_sample(K, g, with_abs=with_abs)
 
     @staticmethod
-    def _eigh_sample(K: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    def _eigh_sample(K: Tensor, g: Tensor, *, with_abs: bool = True) -> tuple[Tensor, Tensor | None]:
         """y = |K|^{1/2} g = U|D|^{1/2}Uᵀ g and K₊ = U|D|Uᵀ from K = UDUᵀ (:func:`iclab.core.symabs.abs_sample`).
         The spectrum is needed (K₊ flips the negative eigenvalues; every relu Gram matrix of the paper's set-up is
         indefinite, so no Cholesky shortcut applies). The symmetric square root makes y the same whichever
         eigenvectors a solver returns; on a CPU the batched Jacobi kernel runs (3-5x torch's eigh in float32 at
         n = 30 / 14), elsewhere torch's eigh split over torch's threads."""
-        y, K_plus = abs_sample(K, g)
-        assert K_plus is not None
-        return y, K_plus
+        return abs_sample(K, g, with_abs=with_abs)
 
 
 @dataclass(frozen=True, kw_only=True)

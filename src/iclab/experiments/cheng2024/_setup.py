@@ -237,7 +237,7 @@ def model_job(
     run = TrainingRun(
         name=name,
         model=spec,
-        task=functools.partial(task.sample, n=n),
+        task=functools.partial(task.sample, n=n, with_K_plus=False),  # a training batch never reads K₊
         train=train,
         seed=seed,
         init_key=("init", name),
