@@ -6,8 +6,9 @@ For every label kernel, the time to sample one batch of episodes (d = 5, Σ = U�
 labels ~ N(0, K₊) on all n + 1 points) in float32, as episodes/s, and the ratio to one Adam training step
 (forward + backward + step) of the 3-layer softmax KernelTransformer on the same batch (Cheng, Chen, Sra 2024
 redraw a batch every 10 steps, so a draw costs a tenth of its time per step). Then the ReLU kernel's draw (|K| and |K|^{1/2} g: an
-eigendecomposition per prompt) by the batched Jacobi C kernel and by torch's eigh, alternately in one run, at n = 14
-and the n = 30 of Figs 3, 5, 6 (``--engine-rounds``, 0 skips it). Writes benchmarks/results/bench-gp-<device>.json
+eigendecomposition per prompt) by the batched Jacobi C kernel, by torch's eigh, and the training draw (y alone,
+``with_K_plus=False``: Householder + QL in C), alternately in one run, at n = 14 and the n = 30 of Figs 3, 5, 6
+(``--engine-rounds``, 0 skips it). Writes benchmarks/results/bench-gp-<device>.json
 with the measurement's provenance (``iclab.core.provenance``).
 """
 
@@ -62,18 +63,23 @@ def run(device: str = "cpu", batch: int = 30_000, n: int = 14, repeats: int = 5)
 
 
 def relu_engines(device: str, batch: int, ns: tuple[int, ...], rounds: int) -> dict[str, dict[str, float]]:
-    """Milliseconds per ReLU-GP batch with the C kernel and with torch's eigh (``symabs.NATIVE``), alternately."""
+    """Milliseconds per ReLU-GP batch with the C kernel and with torch's eigh (``symabs.NATIVE``), and the training
+    draw without K₊ (the QL kernel), alternately."""
     g = iclab.generator(0, device=device)
     task = tasks.GaussianProcess.random_rotation(generator=iclab.generator(1), kernel="relu")
     out: dict[str, dict[str, float]] = {}
     for n in ns:
 
-        def draw(native: bool, n: int = n) -> None:
+        def draw(native: bool, n: int = n, with_K_plus: bool = True) -> None:
             symabs.NATIVE = native
-            task.sample(batch, n, generator=g)
+            task.sample(batch, n, generator=g, with_K_plus=with_K_plus)
 
         times = alternate(
-            {"jacobi_c": lambda: draw(True), "torch_eigh": lambda: draw(False)},
+            {
+                "jacobi_c": lambda: draw(True),
+                "torch_eigh": lambda: draw(False),
+                "ql_c_y_only": lambda: draw(True, with_K_plus=False),
+            },
             device=torch.device(device),
             rounds=rounds,
         )

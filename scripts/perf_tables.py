@@ -228,6 +228,9 @@ def paths_table() -> str:
         for n, r in gp.get("relu_engines_ms", {}).items():
             what = f"Cheng et al. 2024: ReLU-kernel labels, batch {_int(gp['batch'])}, n = {n[1:]}"
             row(what, "batched Jacobi, C", r["jacobi_c"], "torch eigh", r["torch_eigh"], gp["provenance"])
+            if "ql_c_y_only" in r:  # a training batch: y alone, no K₊
+                row(f"{what}, a training batch (no K₊)", "Householder + QL, C", r["ql_c_y_only"],
+                    "batched Jacobi, C (with K₊)", r["jacobi_c"], gp["provenance"])  # fmt: skip
     if lb := _load("bench-lbfgs-cpu.json"):
         step, two = lb["step"]["seconds"], lb["direction"]["seconds"]
         what = f"Ahn et al. 2023 Fig. 3 quick: L-BFGS step, history {lb['history']}"

@@ -1,6 +1,7 @@
 """|K| and y = |K|^{1/2} g for a batch of symmetric matrices (iclab.core.symabs; the C kernel ``_sym_abs.c``).
 
-The Jacobi kernel against torch's eigh in float64: K₊ = |K| and y to 1e-10 where the spectrum stays away from 0
+The Jacobi kernel (y and |K|) and the QL kernel (y alone) against torch's eigh in float64: K₊ = |K| and y to 1e-10
+where the spectrum stays away from 0
 (near a zero eigenvalue the square root amplifies rounding to √eps, for any solver, so there S² = |K| is checked
 instead, S = |K|^{1/2} read off column by column); float32 as accurate as torch's float32 eigh; N from 1 to 64,
 batches whose last group of lanes is ragged, both builds (AVX-512 where the CPU has it, and AVX2); the same bits on
@@ -133,6 +134,92 @@ def test_without_abs_the_kernel_gives_y_alone(build):
     assert none is None and _rel(y, _reference(K, g)[0]) < 1e-10
 
 
+# --- y alone: Householder tridiagonalisation + implicit QL, the lanes' sweeps in step ------------------------------
+
+
+@needs_kernel
+@pytest.mark.parametrize(("B", "N"), [(1, 1), (7, 2), (3, 3), (37, 5), (33, 15), (40, 31), (9, 64)])
+def test_ql_float64_matches_the_definition(build, B, N):
+    K, g = _spectral(B, N, seed=20 + N)
+    y, _ = symabs.abs_sample(K, g, with_abs=False, engine="native")
+    assert _rel(y, _reference(K, g)[0]) < 1e-10
+
+
+@needs_kernel
+def test_ql_float64_on_relu_grams_square_root_squares_to_abs(build):
+    """S = |K|^{1/2}, its columns y for g = e_j by QL, is symmetric and S² = |K| to 1e-10 (K^relu, n = 30)."""
+    N = 31
+    K = _relu_gram(4, N, seed=21)
+    Kp = _reference(K, torch.zeros(4, N, dtype=F64))[1]
+    eye = torch.eye(N, dtype=F64)
+    S = torch.stack(
+        [
+            symabs.abs_sample(K[b].expand(N, N, N).contiguous(), eye, with_abs=False, engine="native")[0]
+            for b in range(4)
+        ]
+    )
+    assert _rel(S, S.transpose(-1, -2)) < 1e-10
+    assert _rel(S @ S, Kp) < 1e-10
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["zero", "identity", "repeated", "rank one"])
+def test_ql_on_structured_spectra(build, kind):
+    """Split points everywhere (zero, identity, a diagonal with repeated eigenvalues of both signs) and a rank-one
+    K (its other eigenvalues are rounding: their square roots ≈ √eps, for any solver, so S² = |K| is checked)."""
+    N, B = 6, 21
+    g = torch.randn(B, N, generator=generator(22), dtype=F64)
+    if kind == "zero":
+        K = torch.zeros(B, N, N, dtype=F64)
+    elif kind == "identity":
+        K = torch.eye(N, dtype=F64).expand(B, N, N).contiguous()
+    elif kind == "repeated":
+        K = torch.diag_embed(torch.tensor([1.0, 1.0, -2.0, -2.0, 3.0, 0.0], dtype=F64).expand(B, N)).contiguous()
+    else:
+        v = torch.randn(B, N, 1, generator=generator(23), dtype=F64)
+        K = v @ v.transpose(-1, -2)
+    y, _ = symabs.abs_sample(K, g, with_abs=False, engine="native")
+    if kind != "rank one":
+        assert _rel(y, _reference(K, g)[0]) < 1e-12
+        return
+    eye = torch.eye(N, dtype=F64)
+    S = torch.stack([symabs.abs_sample(K[b].expand(N, N, N).contiguous(), eye, with_abs=False)[0] for b in range(B)])
+    assert _rel(S @ S, _reference(K, g)[1]) < 1e-10
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["spectral", "relu"])
+def test_ql_float32_near_torch_float32(build, kind):
+    """Within 10x torch's float32 eigh and 3e-5 of the float64 definition: on near-singular K^relu grams QL's
+    float32 rounding is up to ~6x torch's (1.3e-5 relative at worst of 45 here, Jacobi 3.5e-6), far below a label
+    draw's Monte-Carlo noise; on well-separated spectra it is as accurate."""
+    if kind == "spectral":
+        K, g = _spectral(45, 31, seed=24, dtype=torch.float32)
+    else:
+        K = _relu_gram(45, 31, seed=24, dtype=torch.float32)
+        g = torch.randn(45, 31, generator=generator(25))
+    y_ref = _reference(K, g)[0]
+    y, _ = symabs.abs_sample(K, g, with_abs=False)
+    y_t, _ = symabs.abs_sample(K, g, with_abs=False, engine="torch")
+    assert y.dtype == torch.float32 and _rel(y, y_ref) <= min(max(10 * _rel(y_t, y_ref), 1e-5), 3e-5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+def test_ql_same_bits_on_one_and_two_threads(monkeypatch, dtype):
+    monkeypatch.setattr(symabs, "PART", 64)
+    K, g = _spectral(300, 9, seed=26, dtype=dtype)
+    old = torch.get_num_threads()
+    out = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            out.append(symabs.abs_sample(K, g, with_abs=False, engine="native")[0])
+    finally:
+        torch.set_num_threads(old)
+    assert torch.equal(out[0], out[1])
+
+
 def test_bad_input_is_refused():
     K, g = _spectral(3, 4, seed=11)
     with pytest.raises(ValueError, match=r"K must be \(B, N, N\)"):
@@ -158,11 +245,13 @@ def test_abs_is_psd_squares_to_k_squared_and_commutes(N, B, seed, scale):
 
 
 @needs_kernel
-def test_relu_gp_labels_have_covariance_k_plus():
-    """The GP task's ReLU labels (float32, the kernel): E[y_q²] = K₊[q, q] and E[y_0 y_q] = K₊[0, q] (MC, 4σ)."""
+@pytest.mark.parametrize("with_K_plus", [True, False])
+def test_relu_gp_labels_have_covariance_k_plus(with_K_plus):
+    """The GP task's ReLU labels (float32, the kernel: Jacobi with K₊, QL without): E[y_q²] = K₊[q, q] and
+    E[y_0 y_q] = K₊[0, q] (MC, 4σ; K₊ of the same prompts from the draw that forms it)."""
     task = GaussianProcess.random_rotation(generator=generator(12), kernel="relu")
-    ep = task.sample(40_000, 6, generator=generator(13))
-    Kp = ep.task["K_plus"].double()
+    ep = task.sample(40_000, 6, generator=generator(13), with_K_plus=with_K_plus)
+    Kp = task.sample(40_000, 6, generator=generator(13)).task["K_plus"].double()
     for v in (ep.y_query.double() ** 2 - Kp[:, 6, 6], ep.y[:, 0].double() * ep.y_query.double() - Kp[:, 0, 6]):
         assert abs(float(v.mean())) < 4 * float(v.std()) / v.numel() ** 0.5
 

@@ -162,8 +162,9 @@ class GaussianProcess:
     ) -> Episode:
         """``batch`` episodes with ``n`` context pairs on ``generator.device``. ``with_K_plus`` False: the task holds no
         ``K_plus`` (the label covariance, read by the Bayes oracle and the theory, never by a training loss) and an
-        indefinite kernel's draw does not form it (B · (n+1)² reals: 115 MB a batch of 30 000 at n = 30); the labels
-        are the same bits either way."""
+        indefinite kernel's draw does not form it (B · (n+1)² reals: 115 MB a batch of 30 000 at n = 30) and takes y
+        alone from the QL kernel (:func:`iclab.core.symabs.abs_sample`, ≈ 2.7× the draw at n = 30): the same labels
+        to rounding (the same bits where no eigendecomposition runs)."""
         check_batch_n(type(self).__name__, batch, n)
         dev = generator.device
         u = _whitened_points(batch, n + 1, self.d, self.covariates, self.n_clusters, generator, dtype)  # (B, n+1, d)
