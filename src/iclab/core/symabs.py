@@ -66,7 +66,7 @@ def abs_sample(K: Tensor, g: Tensor, *, with_abs: bool = True, engine: Engine = 
     """y = |K|^{1/2} g (B, N) and, with ``with_abs``, |K| (B, N, N), for symmetric ``K`` (B, N, N) and ``g`` (B, N).
 
     K must be symmetric (neither path symmetrises it); float32 or float64, any device. ``engine``: "auto" and
-    "native" run the C kernel on a CPU (3-5x torch's eigh in float32, 1.2-3x in float64, at n = 30 / 14; without
+    "native" run the C kernel on a CPU (2-5x torch's eigh in float32, 1.2-3x in float64, at n = 30 / 14; without
     ``with_abs`` its QL path, ≈ 4x the Jacobi one at n = 30), "torch" torch's eigh."""
     lib, K, g = _prepare("abs_sample", K, g, engine)
     if lib is not None:

@@ -214,7 +214,7 @@ class GaussianProcess:
         """y = |K|^{1/2} g = U|D|^{1/2}Uᵀ g and K₊ = U|D|Uᵀ from K = UDUᵀ (:func:`iclab.core.symabs.abs_sample`).
         The spectrum is needed (K₊ flips the negative eigenvalues; every relu Gram matrix of the paper's set-up is
         indefinite, so no Cholesky shortcut applies). The symmetric square root makes y the same whichever
-        eigenvectors a solver returns; on a CPU the batched Jacobi kernel runs (3-5x torch's eigh in float32 at
+        eigenvectors a solver returns; on a CPU the batched Jacobi kernel runs (2-5x torch's eigh in float32 at
         n = 30 / 14), elsewhere torch's eigh split over torch's threads."""
         return abs_sample(K, g, with_abs=with_abs)
 
