@@ -14,7 +14,7 @@ Claims:
   (softmax a rival) >= tol.deep_frac
 - no_model_beats_bayes: min over models of the paired (loss − Bayes)/s.e. >= tol.bayes_z_min (−3)
 
-Time on 2 CPU cores: quick 31-63 s (9 models); paper 16.4 core-hours (288 models; those at L ≥ 4 in float64), ≈ 2 h on 8 Ray workers.
+Time on 2 CPU cores: quick 31-63 s (9 models); paper 15.7 core-hours (288 models; those at L ≥ 4 in float64), ≈ 2 h on 8 Ray workers.
 
 What did not match: at quick softmax edges relu (no rival, as the paper says), a one-seed deep relu model can stall,
 and the ≈ 3 % n = 6 exp/softmax ordering is left to ``paper`` (docs/papers/cheng2024.md).

@@ -13,7 +13,7 @@ Claims:
 - no_model_beats_bayes: min over models of the paired (loss − Bayes)/s.e. >= tol.bayes_z_min (−3)
 
 Time on 2 CPU cores: quick 45-51 s under load (K^relu/relu and K^exp/softmax, 1 seed, 300 steps of 1000 prompts;
-2 models); paper 11.4 core-hours (9 pairs, 3 seeds, 12 000 steps of 30 000 prompts at n = 30; 27 models), ≈ 6 h with
+2 models); paper 9.4 core-hours (9 pairs, 3 seeds, 12 000 steps of 30 000 prompts at n = 30; 27 models), ≈ 4.7 h with
 ``--workers 2``.
 
 What did not match: at quick, A_0, A_1 and B₂ᵀC₂ stay far from αI (0.5-0.95; one of 10 curves, A_1 of
