@@ -75,9 +75,8 @@ class GPSetup:
     exp_lr: float | None = 0.01  # lr of models with an exp head (unbounded scores: smaller steps); None: train.lr
     exp_logit_cap: float | None = 20.0  # exp heads compute exp(min(s, 20)): float32 overflow guard (docs/errata.md)
     #: models with more layers than this train in float64 (``protocol='paper'``): in float32 a 7-layer exp-head model
-    #: diverges at any lr (its sums of exp scores up to e²⁰ cancel) and a 7-layer linear one spikes where float64 does
-    #: not; one precision for every head keeps a figure's comparison at each L fair (docs/errata.md); None: every
-    #: model in ``train.dtype``
+    #: diverges at any lr (its sums of exp scores up to e²⁰ cancel); one precision for every head keeps a figure's
+    #: comparison at each L fair (docs/errata.md); None: every model in ``train.dtype``
     float64_depth: int | None = added_setting(3)
     test_batch: int = 30_000  # float64 test set per (seed, K, n): model and Bayes losses
     train: TrainConfig = field(default_factory=paper_train)
