@@ -202,8 +202,8 @@ class GaussianProcess:
             y, bad = cholesky_sample(K, g)
             if not bool(bad.any()):
                 return y, K
-            y_bad, K_bad = abs_sample(K[bad], g[bad])  # the rare K that is not numerically positive definite
-            assert K_bad is not None  # abs_sample forms |K| by default
+            y_bad, K_bad = GaussianProcess._eigh_sample(K[bad], g[bad])  # the rare K not numerically positive definite
+            assert K_bad is not None  # formed by default
             y, K = y.clone(), K.clone()
             y[bad], K[bad] = y_bad, K_bad
             return y, K
