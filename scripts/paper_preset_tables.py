@@ -10,8 +10,8 @@ tables: as the preset's ``run`` when its config is the paper preset's, else as o
 with every setting that differs from the paper (``seeds=1 (paper 6)``), so a reduced budget can never pass for the
 paper's. Each record carries :func:`iclab.core.provenance.provenance` (date, commit, CPU, torch threads, torch),
 ``workers`` (``--workers``: the local pool the run used), ``pieces`` (a run stopped on deadlines and continued: its
-``seconds`` are those of all pieces), ``skipped_steps`` (training runs that skipped steps for a non-finite loss or gradient)
-and, only where the machine was not quiet, ``conditions``
+``seconds`` are those of all pieces), ``skipped_steps`` (training runs that skipped steps for a non-finite loss or gradient),
+``retried`` (those that diverged and trained again at a lower lr) and, only where the machine was not quiet, ``conditions``
 (what else ran). A reduced run's ``--note`` stays with that run (the experiment's note, the projection's, is kept).
 ``estimate`` probes the preset (:func:`iclab.experiments.estimate.estimate_experiment`, every run) and writes the
 projection with the probe's provenance and overrides.
@@ -63,6 +63,10 @@ def where(record: dict[str, Any]) -> str:
     if skipped:
         runs = ", ".join(f"{k} {s} of {n}" for k, (s, n) in sorted(skipped.items()))
         text += f"; steps skipped for a non-finite loss or gradient: {runs}"
+    retried = record.get("retried") or {}
+    if retried:
+        runs = ", ".join(f"{k} at lr {a:g} (step {t}, then {b:g})" for k, (a, t, b) in sorted(retried.items()))
+        text += f"; diverged and trained again from the initial weights at a lower lr: {runs}"
     if record.get("conditions"):
         text += f"; {record['conditions']}"
     return text
@@ -235,10 +239,11 @@ def record(
         entry["workers"] = int(workers)
     if int(summary.get("pieces", 1)) > 1:  # stopped by --time-limit or a signal and continued (seconds: all pieces)
         entry["pieces"] = int(summary["pieces"])
-    if summary.get(
-        "skipped_steps"
-    ):  # training runs that skipped steps for a non-finite loss or gradient: [skipped, steps]
-        entry["skipped_steps"] = summary["skipped_steps"]
+    # training runs that skipped steps for a non-finite loss or gradient ([skipped, steps]) and those that diverged
+    # and trained again at a lower lr ([lr, step, retry lr])
+    for key in ("skipped_steps", "retried"):
+        if summary.get(key):
+            entry[key] = summary[key]
     if conditions:
         entry["conditions"] = conditions
     entry["provenance"] = prov if prov is not None else summary.get("provenance") or _run_provenance(run_dir, threads)

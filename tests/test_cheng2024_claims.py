@@ -85,3 +85,27 @@ def test_deep_models_train_in_float64() -> None:
     assert "float64_depth" not in identity(cfg) and identity(dataclasses.replace(cfg, float64_depth=5))["float64_depth"]
     with pytest.raises(ConfigError, match="float64_depth must be null or an int >= 0"):
         Fig4Config(float64_depth=-1)
+
+
+def test_a_model_that_diverges_retries_at_half_its_lr() -> None:
+    """Every training run of the paper protocol carries ``retry_lr`` (0.5: a run that diverges trains again from its
+    initial weights at half its lr); the authors' protocol fails as their loop would. The default is left out of the
+    config's identity, so run directories of the earlier configs keep their names."""
+    import dataclasses
+
+    from iclab import ConfigError
+    from iclab.core.config import identity
+    from iclab.experiments.cheng2024._setup import model_job
+
+    cfg = Fig4Config()
+
+    def retry(c: Fig4Config = cfg) -> float | None:
+        return model_job(
+            c, seed=0, kernel="linear", activations=("linear", "exp"), n=14, n_layers=7, name="m"
+        ).run.retry_lr
+
+    assert retry() == 0.5 and retry(dataclasses.replace(cfg, protocol="authors")) is None
+    assert retry(dataclasses.replace(cfg, retry_lr=None)) is None
+    assert "retry_lr" not in identity(cfg) and identity(dataclasses.replace(cfg, retry_lr=0.25))["retry_lr"] == 0.25
+    with pytest.raises(ConfigError, match=r"retry_lr must be null or a float in \(0, 1\)"):
+        Fig4Config(retry_lr=1.0)

@@ -167,11 +167,13 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
         {"name": "c", "passed": False, "checked": False},
     ]
 
-    def run_dir(tag: str, config: dict, pieces: int = 1, skipped: dict | None = None) -> object:
+    def run_dir(
+        tag: str, config: dict, pieces: int = 1, skipped: dict | None = None, retried: dict | None = None
+    ) -> object:
         d = tmp_path / tag
         d.mkdir()
         summary = {"experiment": name, "preset": "paper", "seconds": 12.34} | ({"pieces": pieces} if pieces > 1 else {})
-        summary |= {"skipped_steps": skipped} if skipped else {}
+        summary |= ({"skipped_steps": skipped} if skipped else {}) | ({"retried": retried} if retried else {})
         (d / "summary.json").write_text(json.dumps(summary))
         (d / "claims.json").write_text(json.dumps(claims))
         (d / "config.yaml").write_text(yaml.safe_dump({"experiment": name, "preset": "paper", "config": config}))
@@ -182,7 +184,8 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     reduced["seeds"] = 1
     reduced["train"]["steps"] = 100
     tables.record(run_dir("reduced", reduced), None, workers=2)
-    tables.record(run_dir("paper", paper, pieces=3, skipped={"r1": [20, 3000]}), "note", conditions="beside a probe")
+    paper_dir = run_dir("paper", paper, pieces=3, skipped={"r1": [20, 3000]}, retried={"r2": [0.01, 1220, 0.005]})
+    tables.record(paper_dir, "note", conditions="beside a probe")
     tables.record(run_dir("reduced-again", reduced), "small")  # the same departures: replaces its entry
     entry = json.loads(store.read_text())["experiments"][name]
     (red,) = entry["reduced"]
@@ -205,11 +208,12 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     assert run["pieces"] == 3 and "pieces" not in red  # a run continued after deadlines: its time is all pieces
     assert (
         tables.where(run).endswith(
-            ", in 3 pieces; steps skipped for a non-finite loss or gradient: r1 20 of 3000; beside a probe"
+            ", in 3 pieces; steps skipped for a non-finite loss or gradient: r1 20 of 3000; diverged and trained again"
+            " from the initial weights at a lower lr: r2 at lr 0.01 (step 1220, then 0.005); beside a probe"
         )
         and tables.where(run)[:4].isdigit()
     )
-    bare = {**run, "workers": 2, "conditions": None, "pieces": 1, "skipped_steps": None}
+    bare = {**run, "workers": 2, "conditions": None, "pieces": 1, "skipped_steps": None, "retried": None}
     assert tables.where(bare).endswith(", --workers 2") and "skipped_steps" not in red
 
 

@@ -430,15 +430,21 @@ def test_cli_report_compare(tmp_path: Path) -> None:
 
 
 def test_runs_that_skipped_steps_are_named_on_the_page(tmp_path: Path) -> None:
-    """summary.json's ``skipped_steps`` (run -> [skipped, steps]) is shown in the experiment's metadata; an entry of
+    """summary.json's ``skipped_steps`` (run -> [skipped, steps]) and ``retried`` (run -> [lr, step, retry lr]) are
+    shown in the experiment's metadata; an entry of
     another shape is left out, and a run with none shows no such line."""
     run_dir = make_run_dir(tmp_path, "cheng2024.fig4", [claim("a")])
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["skipped_steps"] = {"linear-linear-L7-s0": [20, 3000], "odd": "x", "neg": [-1, 3]}
+    summary["retried"] = {"linear-2-head-L7-s2": [0.01, 1220, 0.005], "odd": [0.01, "x", 1], "short": [1, 2]}
     (run_dir / "summary.json").write_text(json.dumps(summary))
     make_run_dir(tmp_path, "zhang2025.fig1", [claim("a")])
-    assert read_run_dir(run_dir).skipped == {"linear-linear-L7-s0": (20, 3000)}
+    page = read_run_dir(run_dir)
+    assert page.skipped == {"linear-linear-L7-s0": (20, 3000)}
+    assert page.retried == {"linear-2-head-L7-s2": (0.01, 1220, 0.005)}
     site = write_site(tmp_path).parent
     html = (site / "cheng2024.html").read_text()
     assert "<dt>skipped steps</dt>" in html and "<code>linear-linear-L7-s0</code> 20 of 3000" in html
-    assert "skipped steps" not in (site / "zhang2025.html").read_text()
+    assert "<dt>retried</dt>" in html and "<code>linear-2-head-L7-s2</code> lr 0.01 at step 1220, then 0.005" in html
+    other = (site / "zhang2025.html").read_text()
+    assert "skipped steps" not in other and "<dt>retried</dt>" not in other

@@ -22,7 +22,7 @@ from iclab.core.seeding import generator
 from iclab.experiments.runner import progress_text, run_experiment
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
-from iclab.training import TrainConfig, TrainResult, load_history, stop, train
+from iclab.training import TrainConfig, TrainingRun, TrainResult, load_history, stop, train
 
 TASK = LinearRegression(d=3)
 SAMPLE = functools.partial(TASK.sample, n=8)
@@ -184,8 +184,6 @@ def test_a_finished_experiment_counts_the_time_of_every_piece(tmp_path: Path, mo
 def test_a_piece_that_ends_on_a_failed_run_counts_its_time(tmp_path: Path, monkeypatch) -> None:
     """A training run that raises ends the command with its error; the time that piece took goes to pieces.json, and
     the same command, once the cause is gone, finishes with ``pieces`` = 2 and the time of both."""
-    from iclab.training.run import TrainingRun
-
     real = TrainingRun.execute
 
     def fails(self, **kw):  # type: ignore[no-untyped-def]
@@ -206,24 +204,40 @@ def test_a_piece_that_ends_on_a_failed_run_counts_its_time(tmp_path: Path, monke
 
 def test_the_summary_names_the_runs_that_skipped_nonfinite_steps(tmp_path: Path, monkeypatch, caplog) -> None:
     """A run that skipped steps for a non-finite loss or gradient is named in summary.json (``skipped_steps``: run ->
-    [skipped, steps]) and in one warning line; a reused experiment keeps the entry; a clean one has none."""
+    [skipped, steps]) and in one warning line, as is one that diverged and trained again at a lower lr (``retried``:
+    run -> [lr, step, retry lr]); a reused experiment keeps the entries; a clean one has none."""
     monkeypatch.setattr(TrainResult, "skipped_steps", property(lambda self: 3))
+    real = TrainingRun.execute
+
+    def retried(self: TrainingRun, **kw: object) -> TrainResult:
+        result = real(self, **kw)
+        if self.name == "seed1":
+            result.retry = {"lr": 0.02, "step": 7, "retry_lr": 0.01}
+        return result
+
+    monkeypatch.setattr(TrainingRun, "execute", retried)
     cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path), *ARGS]
     with caplog.at_level("WARNING"):
         assert CliRunner().invoke(app, cli).exit_code == 0
     run_dir = next((tmp_path / EXP).iterdir())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["skipped_steps"] == {"seed0": [3, 20], "seed1": [3, 20]}
+    assert summary["retried"] == {"seed1": [0.02, 7, 0.01]}
     assert (
         f"{EXP}: 2 training runs skipped steps with a non-finite loss or gradient (seed0: 3 of 20, seed1: 3 of 20)"
         in (caplog.text)
+    )
+    assert f"{EXP}: 1 training run diverged and trained again at a lower lr (seed1: lr 0.02 at step 7, then 0.01)" in (
+        caplog.text
     )
     monkeypatch.undo()
     assert CliRunner().invoke(app, cli).exit_code == 0  # reused: the entry stays
     assert json.loads((run_dir / "summary.json").read_text()) == summary
     clean = tmp_path / "clean"
     assert CliRunner().invoke(app, ["run", EXP, "--preset", "smoke", "--out", str(clean)]).exit_code == 0
-    assert "skipped_steps" not in json.loads(next((clean / EXP).iterdir()).joinpath("summary.json").read_text())
+    assert not {"skipped_steps", "retried"} & set(
+        json.loads(next((clean / EXP).iterdir()).joinpath("summary.json").read_text())
+    )
 
 
 def test_cli_train_stops_and_continues(tmp_path: Path, monkeypatch) -> None:

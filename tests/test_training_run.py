@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import math
 import pickle
 
 import pytest
 import torch
 
 from iclab import ConfigError
+from iclab.core.errors import DivergenceError
 from iclab.core.seeding import derive_seed, generator
 from iclab.models import LinearTransformer, LinearTransformerConfig, MergedAttention
 from iclab.tasks import LinearRegression
@@ -142,3 +145,89 @@ def test_execute_all_keeps_order_and_refuses_repeated_names() -> None:
     assert [r.name for r in res] == ["a", "b"] and [r.seed for r in res] == [1, 2]
     with pytest.raises(ConfigError, match=r"distinct names; repeated: \['a'\]"):
         execute_all([runs[0], runs[0]])
+
+
+# --------------------------------------------------------------------------------------------------- retry_lr
+
+#: plain SGD at lr 1 blows this model up within a few steps (a non-finite loss: DivergenceError); at 0.05 it trains
+DIVERGING = TrainConfig(steps=20, batch_size=64, lr=1.0, optimizer="sgd", eval_every=5, eval_batch=128, progress=False)
+
+
+def test_a_run_that_diverges_trains_again_from_its_initial_weights_at_a_lower_lr(tmp_path, caplog) -> None:
+    """With ``retry_lr`` a run that diverges trains once more from the same initial weights at lr × retry_lr, in
+    ``out_dir/retry``: its weights are those of a fresh run at that lr, bit for bit; ``diverged.json`` records the
+    first attempt (lr, the step it diverged at, the retry lr), and a second call goes straight to the finished retry.
+    The first attempt's own checkpoints are kept, and :func:`run_progress` counts the retry, not them."""
+    from iclab.experiments.runner import run_progress
+
+    out = tmp_path / "runs" / "r"
+    run = _run(train=dataclasses.replace(DIVERGING, checkpoint_every=1), retry_lr=0.05, snapshot=None, out_dir=out)
+    with caplog.at_level("WARNING"):
+        res = run.execute()
+    assert res.retry is not None and res.retry["lr"] == 1.0 and res.retry["retry_lr"] == 0.05
+    step = res.retry["step"]
+    assert 1 <= step < DIVERGING.steps
+    assert f"seed4: diverged at step {step} with lr 1" in caplog.text and "at lr 0.05 (retry_lr)" in caplog.text
+    assert json.loads((out / "retry" / "diverged.json").read_text()) == res.retry
+    fresh = _run(train=dataclasses.replace(DIVERGING, lr=0.05, checkpoint_every=1), snapshot=None).execute()
+    assert res.history == fresh.history and math.isfinite(res.final_test_loss)
+    for p, q in zip(res.model.parameters(), fresh.model.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert (out / "checkpoint.pt").is_file()  # the first attempt's last good checkpoint stays
+    assert run_progress(tmp_path / "runs") == (1, [])
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        again = run.execute()
+    assert "diverged" not in caplog.text and again.retry == res.retry and again.resumed_from == DIVERGING.steps
+    # a damaged record: the first attempt resumes, diverges again and writes it anew
+    (out / "retry" / "diverged.json").write_text('{"lr": 1.0, "st')
+    with caplog.at_level("WARNING"):
+        third = run.execute()
+    assert "the first attempt resumes" in caplog.text and third.retry == res.retry
+    assert json.loads((out / "retry" / "diverged.json").read_text()) == res.retry
+
+
+def test_without_retry_lr_a_divergence_is_raised_with_its_step() -> None:
+    """No ``retry_lr``: the DivergenceError reaches the caller, its step on it (also after a pickle round trip, the
+    way a worker's error could travel)."""
+    with pytest.raises(DivergenceError) as info:
+        _run(train=DIVERGING, snapshot=None).execute()
+    assert info.value.step is not None and f"at step {info.value.step}" in str(info.value)
+    back = pickle.loads(pickle.dumps(info.value))
+    assert back.step == info.value.step and str(back) == str(info.value)
+    in_memory = _run(train=DIVERGING, snapshot=None, retry_lr=0.05).execute()  # no out_dir: retried in memory
+    assert in_memory.retry == {"lr": 1.0, "step": info.value.step, "retry_lr": 0.05}
+
+
+def test_the_context_names_the_runs_that_retried(tmp_path) -> None:
+    """RunContext.execute keeps, per run that diverged and retried, (lr, step, retry lr): the runner's summary reads
+    it; a run that trained at its own lr is not named."""
+    from iclab.experiments.registry import RunContext
+
+    runs = [
+        _run(name="bad", train=DIVERGING, snapshot=None, retry_lr=0.05),
+        _run(name="good", train=dataclasses.replace(DIVERGING, lr=0.05), snapshot=None, retry_lr=0.05),
+    ]
+    ctx = RunContext(out_dir=tmp_path, device=torch.device("cpu"), preset="smoke")
+    results = ctx.execute(runs)
+    assert results[1].retry is None and set(ctx.retried) == {"bad"}
+    lr, step, retry = ctx.retried["bad"]
+    assert (lr, retry) == (1.0, 0.05) and step == results[0].retry["step"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        (dict(retry_lr=1.5), r"TrainingRun\('seed4'\).retry_lr must be null or a float in \(0, 1\); got 1.5"),
+        (dict(retry_lr=0), r"retry_lr must be null or a float in \(0, 1\); got 0"),
+        (dict(retry_lr=True), r"retry_lr must be null or a float in \(0, 1\); got True"),
+        (dict(retry_lr=0.5, model=LinearTransformer(MCFG)), r"model must be a ModelSpec with retry_lr"),
+        (
+            dict(retry_lr=0.5, regime="population", task=torch.eye(3), inv_n=0.1),
+            r"retry_lr must be null outside the sampled regime",
+        ),
+    ],
+)
+def test_retry_lr_is_checked(kw: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _run(**kw)

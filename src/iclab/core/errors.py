@@ -34,7 +34,14 @@ class OutputError(IclabError):
 
 class DivergenceError(IclabError, FloatingPointError):
     """Training produced a non-finite loss or parameter; the message names the step, the parameter and the last finite
-    loss, and the last good checkpoint is kept."""
+    loss, and the last good checkpoint is kept. ``step``: the step it happened at (None where not known)."""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+    def __reduce__(self) -> tuple[Any, ...]:  # the step survives a trip to a worker and back
+        return type(self), (str(self), self.step)
 
 
 def _owner_name(owner: Any) -> str:

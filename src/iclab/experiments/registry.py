@@ -177,6 +177,8 @@ class RunContext:
     task_device: str | None = None
     #: run name -> (steps skipped for a non-finite loss or gradient, steps) of the runs :meth:`execute` returned that skipped
     skipped: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: run name -> (lr, step it diverged at, lr it trained at instead) of the runs that retried (``TrainingRun.retry_lr``)
+    retried: dict[str, tuple[float, int, float]] = field(default_factory=dict)
 
     def subdir(self, *parts: object) -> Path:
         """The directory ``out_dir/parts...``, created if missing."""
@@ -209,6 +211,8 @@ class RunContext:
         for run, res in zip(placed, results, strict=True):
             if res.skipped_steps:
                 self.skipped[run.name] = (res.skipped_steps, run.train.steps)
+            if res.retry:
+                self.retried[run.name] = (res.retry["lr"], res.retry["step"], res.retry["retry_lr"])
         return results
 
     def execute_groups(self, groups: Sequence[Sequence[TrainingRun]]) -> list[list[TrainResult]]:

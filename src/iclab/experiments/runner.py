@@ -50,6 +50,7 @@ from iclab.experiments.registry import (
     all_experiments,
     get,
 )
+from iclab.training.run import DIVERGED, RETRY
 from iclab.training.stop import Stopped
 from iclab.training.trainer import CHECKPOINT
 
@@ -212,12 +213,14 @@ def _run_locked(
         claims = judge(preset, exp.claims(results, cfg))
     seconds, pieces = time.perf_counter() - t0, 1
     skipped: dict[str, tuple[int, int]] = {}
+    retried: dict[str, tuple[float, int, float]] = {}
     if reused:  # a damaged summary only loses the first run's time
-        seconds, pieces, skipped = stored_summary(run_dir, seconds)
+        seconds, pieces, skipped, retried = stored_summary(run_dir, seconds)
     else:  # an experiment stopped on a deadline and continued: the time of every piece
         earlier = pieces_seconds(run_dir)
-        seconds, pieces, skipped = seconds + sum(earlier), 1 + len(earlier), dict(ctx.skipped)
-        _say_skipped(exp.name, skipped)
+        seconds, pieces = seconds + sum(earlier), 1 + len(earlier)
+        skipped, retried = dict(ctx.skipped), dict(ctx.retried)
+        _say_skipped(exp.name, skipped, retried)
     atomic_write_json(run_dir / "claims.json", [c.to_dict() for c in claims])
     atomic_write_json(
         run_dir / "summary.json",
@@ -229,7 +232,8 @@ def _run_locked(
             "figures": [f.name for f in figures],
         }
         | ({"pieces": pieces} if pieces > 1 else {})
-        | ({"skipped_steps": {k: list(v) for k, v in skipped.items()}} if skipped else {}),
+        | ({"skipped_steps": {k: list(v) for k, v in skipped.items()}} if skipped else {})
+        | ({"retried": {k: list(v) for k, v in retried.items()}} if retried else {}),
     )
     (run_dir / PIECES).unlink(missing_ok=True)  # their time is in the summary now
     return ExperimentResult(exp, preset, cfg, run_dir, results, claims, figures, seconds, reused)
@@ -240,6 +244,8 @@ def run_progress(run_dir: Path) -> tuple[int, list[str]]:
     partial run as ``"<run> at step k/K"``. Runs with no checkpoint (not started, or kept in memory) are not seen."""
     finished, partial = 0, []
     for path in sorted(run_dir.rglob(CHECKPOINT)):
+        if (path.parent / RETRY / DIVERGED).is_file():  # a first attempt that diverged: its retry counts
+            continue
         try:
             ck = safe_torch_load(path)
         except CorruptFileError:
@@ -337,14 +343,17 @@ def pieces_seconds(run_dir: Path) -> list[float]:
     return []
 
 
-def stored_summary(run_dir: Path, default: float) -> tuple[float, int, dict[str, tuple[int, int]]]:
-    """The first run's wall time, its number of pieces (``pieces``, else 1) and the training runs that skipped
-    non-finite steps (``skipped_steps``: name -> (skipped, steps); entries of another shape are left out) from
-    ``summary.json``: ``default``, 1 and none when the file is missing, damaged or holds no finite time ≥ 0 (``[]``,
-    ``null``, ``{"seconds": "abc"}``); a damaged one is moved aside with one warning line (the caller rewrites it)."""
+def stored_summary(
+    run_dir: Path, default: float
+) -> tuple[float, int, dict[str, tuple[int, int]], dict[str, tuple[float, int, float]]]:
+    """The first run's wall time, its number of pieces (``pieces``, else 1), the training runs that skipped
+    non-finite steps (``skipped_steps``: name -> (skipped, steps)) and those that diverged and trained again at a lower
+    lr (``retried``: name -> (lr, step, retry lr)) from ``summary.json`` (entries of another shape are left out):
+    ``default``, 1 and none when the file is missing, damaged or holds no finite time ≥ 0 (``[]``, ``null``,
+    ``{"seconds": "abc"}``); a damaged one is moved aside with one warning line (the caller rewrites it)."""
     path = run_dir / "summary.json"
     if not path.is_file():
-        return default, 1, {}
+        return default, 1, {}, {}
     try:
         summary = read_json(path)
     except CorruptFileError as e:
@@ -354,11 +363,12 @@ def stored_summary(run_dir: Path, default: float) -> tuple[float, int, dict[str,
         if is_finite_number(seconds) and seconds >= 0:
             pieces = summary.get("pieces", 1)
             pieces = int(pieces) if is_finite_number(pieces) and pieces >= 1 else 1
-            return float(seconds), pieces, skipped_entries(summary.get("skipped_steps"))
+            notes = skipped_entries(summary.get("skipped_steps")), retried_entries(summary.get("retried"))
+            return float(seconds), pieces, *notes
         reason = f"holds no time in seconds (got {_short(summary)})"
     dest = quarantine(path)
     log.warning("damaged summary %s: %s; moved to %s, rewriting it", path, reason, dest.name)
-    return default, 1, {}
+    return default, 1, {}, {}
 
 
 def skipped_entries(value: object) -> dict[str, tuple[int, int]]:
@@ -372,16 +382,48 @@ def skipped_entries(value: object) -> dict[str, tuple[int, int]]:
     }
 
 
-def _say_skipped(name: str, skipped: dict[str, tuple[int, int]]) -> None:
-    """One warning line naming the training runs that skipped steps for a non-finite loss or gradient (at most four)."""
-    if not skipped:
-        return
-    runs = [f"{k}: {s} of {n}" for k, (s, n) in sorted(skipped.items())]
-    more = f", {len(runs) - 4} more" if len(runs) > 4 else ""
-    log.warning(
-        "%s: %d training run%s skipped steps with a non-finite loss or gradient (%s%s)",
-        name, len(runs), "s" if len(runs) != 1 else "", ", ".join(runs[:4]), more,
-    )  # fmt: skip
+def retried_entries(value: object) -> dict[str, tuple[float, int, float]]:
+    """summary.json's ``retried`` (run name -> [lr, step it diverged at, retry lr]); entries of another shape are left
+    out."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): (float(v[0]), int(v[1]), float(v[2]))
+        for k, v in value.items()
+        if isinstance(v, list)
+        and len(v) == 3
+        and is_finite_number(v[0])
+        and is_int(v[1], -1)
+        and is_finite_number(v[2])
+    }
+
+
+def _say_skipped(
+    name: str, skipped: dict[str, tuple[int, int]], retried: dict[str, tuple[float, int, float]] | None = None
+) -> None:
+    """One warning line naming the training runs that skipped steps for a non-finite loss or gradient, and one naming
+    those that diverged and trained again at a lower lr (at most four each)."""
+    for kind, runs in (
+        (
+            "skipped steps with a non-finite loss or gradient",
+            [f"{k}: {s} of {n}" for k, (s, n) in sorted(skipped.items())],
+        ),
+        (
+            "diverged and trained again at a lower lr",
+            [f"{k}: lr {a:g} at step {t}, then {b:g}" for k, (a, t, b) in sorted((retried or {}).items())],
+        ),
+    ):
+        if runs:
+            more = f", {len(runs) - 4} more" if len(runs) > 4 else ""
+            log.warning(
+                "%s: %d training run%s %s (%s%s)",
+                name,
+                len(runs),
+                "s" * (len(runs) != 1),
+                kind,
+                ", ".join(runs[:4]),
+                more,
+            )
 
 
 def _short(value: Any) -> str:

@@ -35,7 +35,7 @@ from iclab.core.io import read_json
 from iclab.core.provenance import describe
 from iclab.core.safe_parse import load_yaml_text
 from iclab.experiments.registry import ClaimResult, all_experiments
-from iclab.experiments.runner import skipped_entries
+from iclab.experiments.runner import retried_entries, skipped_entries
 from iclab.reporting.curves import Curves, read_curves
 from iclab.reporting.runs import card_run_name, overrides_of, select_runs
 from iclab.reporting.sweep_charts import resolve_run_dir, sweep_charts
@@ -67,6 +67,8 @@ class ExperimentPage:
     others: tuple[ExperimentPage, ...] = ()  # the experiment's other run directories, newest first
     #: training runs that skipped steps for a non-finite loss or gradient: name -> (skipped, steps) (summary.json)
     skipped: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: training runs that diverged and trained again at a lower lr: name -> (lr, step, retry lr) (summary.json)
+    retried: dict[str, tuple[float, int, float]] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -260,6 +262,7 @@ def read_run_dir(run_dir: str | Path) -> ExperimentPage:
         overrides=tuple(overrides) if overrides is not None else None,
         card_run=run_dir.name == card_run_name(name, preset),
         skipped=skipped_entries(summary.get("skipped_steps")),
+        retried=retried_entries(summary.get("retried")),
     )
 
 

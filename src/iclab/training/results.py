@@ -70,6 +70,8 @@ class TrainResult:
     seed: int = 0
     trajectory: Trajectory | None = None
     timing: StepTiming | None = None  # the steps this call ran (None on a GPU, or a finished run reloaded)
+    #: a run that diverged and trained again at a lower lr (``TrainingRun.retry_lr``): {"lr", "step", "retry_lr"}
+    retry: dict[str, Any] | None = None
 
     @property
     def final_test_loss(self) -> float:

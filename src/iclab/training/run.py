@@ -24,6 +24,11 @@ Three regimes share the spec:
 * ``"population"``: GD on the exact population loss (:func:`iclab.training.population_flow`), ``task``
   being the covariance Λ; no data at all.
 
+A sampled run may be given ``retry_lr``: when its training ends in a
+:class:`~iclab.core.errors.DivergenceError` (every batch overflowing, say), it trains once more from the same initial
+weights at ``lr × retry_lr`` in ``out_dir/retry``, with ``diverged.json`` there saying at which lr and step the first
+attempt diverged; a later call goes straight to the retry, and ``TrainResult.retry`` says it happened.
+
 The two reduced regimes record every ``train.eval_every`` steps and put the :class:`Trajectory` on the
 result (``TrainResult.trajectory``); their learning rate and step count are ``train.lr`` and ``train.steps``.
 """
@@ -31,6 +36,7 @@ result (``TrainResult.trajectory``); their learning rate and step count are ``tr
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +47,8 @@ from rich.progress import Progress
 from torch import Tensor, nn
 
 from iclab.core.episode import Episode
-from iclab.core.errors import ConfigError, require
+from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, require
+from iclab.core.io import atomic_write_json, read_json
 from iclab.core.seeding import derive_seed, generator
 from iclab.training import stop
 from iclab.training.config import TrainConfig
@@ -50,6 +57,10 @@ from iclab.training.trainer import CHECKPOINT, LossFn, SnapshotFn, TrainResult, 
 
 Regime = Literal["sampled", "full_batch", "population"]
 REGIMES = ("sampled", "full_batch", "population")
+RETRY = "retry"  # the directory, under a run's own, of its second attempt at a lower lr (``TrainingRun.retry_lr``)
+DIVERGED = "diverged.json"  # in it: {"lr", "step", "retry_lr"} of the first attempt's divergence
+
+log = logging.getLogger("iclab")
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,9 @@ class TrainingRun:
     Lambda: Tensor | None = None
     inv_n: float | None = None
     next_token: bool = False
+    #: a sampled run that diverges (DivergenceError) trains once more from its initial weights at lr × this; None: the
+    #: error is raised
+    retry_lr: float | None = None
 
     def __post_init__(self) -> None:
         owner = f"TrainingRun({self.name!r})"
@@ -118,6 +132,14 @@ class TrainingRun:
             raise ConfigError(f"{owner}.task must be the covariance Λ (a (d, d) tensor) in the population regime")
         if self.regime == "population" and self.inv_n is None:
             raise ConfigError(f"{owner}.inv_n must be set in the population regime (1/N, or E(1/N) for next-token)")
+        if self.retry_lr is not None:
+            ok = (
+                isinstance(self.retry_lr, float | int) and not isinstance(self.retry_lr, bool) and 0 < self.retry_lr < 1
+            )
+            require(owner, "retry_lr", ok, "null or a float in (0, 1)", self.retry_lr)
+            require(owner, "retry_lr", self.regime == "sampled", "null outside the sampled regime", self.retry_lr)
+            # a module given whole is trained in place: its initial weights are gone once the first attempt diverged
+            require(owner, "model", isinstance(self.model, ModelSpec), "a ModelSpec with retry_lr", self.model)
 
     def build_model(self) -> nn.Module:
         """The model this run trains: the given module, or a new one built from its spec."""
@@ -132,23 +154,81 @@ class TrainingRun:
         if self.regime != "sampled" and stop.should_stop():  # the reduced regimes do not checkpoint: start none
             raise stop.Stopped(f"{self.name} not started", stop.requested() or "requested", not_started=1)
         if self.regime == "sampled":
-            result = train(
-                model,
-                self.task,
-                cfg,
-                out_dir=self.out_dir,
-                device=device,
-                loss_fn=self.loss,
-                test_episode=self.test_episode,
-                snapshot_fn=self.snapshot,
-                progress=progress,
-                description=self.name,
-            )
+            retry = self._retried()
+            if retry is None:
+                try:
+                    result = self._train(model, cfg, self.out_dir, device, progress)
+                except DivergenceError as e:
+                    if self.retry_lr is None:
+                        raise
+                    retry = self._diverged(cfg, e)
+                    model = self.build_model()  # the same initial weights
+            if retry is not None:
+                out = None if self.out_dir is None else Path(self.out_dir) / RETRY
+                result = self._train(model, dataclasses.replace(cfg, lr=retry["retry_lr"]), out, device, progress)
+                result.retry = retry
         else:
             traj = self._reduced(model, cfg)
             result = TrainResult(model, [], trajectory=traj, timing=traj.timing)
         result.name, result.seed = self.name, self.seed
         return result
+
+    def _train(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        out: Path | None,
+        device: torch.device | str,
+        progress: Progress | None,
+    ) -> TrainResult:
+        return train(
+            model,
+            self.task,
+            cfg,
+            out_dir=out,
+            device=device,
+            loss_fn=self.loss,
+            test_episode=self.test_episode,
+            snapshot_fn=self.snapshot,
+            progress=progress,
+            description=self.name,
+        )
+
+    def _retried(self) -> dict[str, Any] | None:
+        """The record of an earlier call's divergence (``retry/diverged.json``) when this run retries; None when there
+        is none or it is unreadable (the first attempt then resumes, diverges again and writes it anew)."""
+        if self.retry_lr is None or self.out_dir is None:
+            return None
+        path = Path(self.out_dir) / RETRY / DIVERGED
+        if not path.is_file():
+            return None
+        try:
+            record = read_json(path)
+        except CorruptFileError as e:
+            log.warning("%s: %s; the first attempt resumes", self.name, e)
+            return None
+        keys = {"lr", "step", "retry_lr"}
+        if not isinstance(record, dict) or set(record) != keys or not all(_number(record[k]) for k in keys):
+            log.warning("%s: %s does not hold %s; the first attempt resumes", self.name, path, sorted(keys))
+            return None
+        return record
+
+    def _diverged(self, cfg: TrainConfig, error: DivergenceError) -> dict[str, Any]:
+        """Record the first attempt's divergence (in ``retry/diverged.json`` under ``out_dir``) and say so."""
+        assert self.retry_lr is not None
+        record = {
+            "lr": cfg.lr,
+            "step": error.step if error.step is not None else -1,
+            "retry_lr": cfg.lr * self.retry_lr,
+        }
+        if self.out_dir is not None:
+            (Path(self.out_dir) / RETRY).mkdir(parents=True, exist_ok=True)
+            atomic_write_json(Path(self.out_dir) / RETRY / DIVERGED, record)
+        log.warning(
+            "%s: diverged at step %s with lr %.6g (%s); training again from its initial weights at lr %.6g (retry_lr)",
+            self.name, record["step"], cfg.lr, str(error).splitlines()[0][:200], record["retry_lr"],
+        )  # fmt: skip
+        return record
 
     def _reduced(self, model: nn.Module, cfg: TrainConfig) -> Trajectory:
         record = max(1, cfg.eval_every)
@@ -223,6 +303,10 @@ def adopt(run: TrainingRun, result: TrainResult) -> TrainResult:
         run.model.load_state_dict(result.model.state_dict())
         result.model = run.model
     return result
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -837,7 +837,7 @@ def _divergence(
     finite train loss, the checkpoints kept (:func:`_kept`; none is ever a diverged state) and what to change."""
     last_text = f"last finite train loss {last[1]:.6g} at step {last[0]}" if last else "no finite loss"
     kept = f"; {_kept(out)}" if out is not None else ""
-    return DivergenceError(f"{description}: {what} at step {step} ({last_text}){kept}; {advice}")
+    return DivergenceError(f"{description}: {what} at step {step} ({last_text}){kept}; {advice}", step=step)
 
 
 def _depth(model: nn.Module) -> int:

@@ -78,6 +78,9 @@ class GPSetup:
     #: diverges at any lr (its sums of exp scores up to e²⁰ cancel); one precision for every head keeps a figure's
     #: comparison at each L fair (docs/errata.md); None: every model in ``train.dtype``
     float64_depth: int | None = added_setting(3)
+    #: a training run that diverges (``protocol='paper'``; every batch overflowing, even float64 at L = 7) trains once
+    #: more from its initial weights at lr × this, and the summary names it (``TrainingRun.retry_lr``); None: it fails
+    retry_lr: float | None = added_setting(0.5)
     test_batch: int = 30_000  # float64 test set per (seed, K, n): model and Bayes losses
     train: TrainConfig = field(default_factory=paper_train)
     #: "paper": ``train`` as given; "authors": the authors' loop (:func:`authors_train` over ``train``, their masked
@@ -94,6 +97,7 @@ class GPSetup:
         require(self, "spectrum", len(self.spectrum) == self.d, f"{self.d} (= d) floats")
         require(self, "exp_sigma", self.exp_sigma > 0, "a float > 0")
         require(self, "exp_lr", self.exp_lr is None or self.exp_lr > 0, "null or a float > 0")
+        require(self, "retry_lr", self.retry_lr is None or 0 < self.retry_lr < 1, "null or a float in (0, 1)")
         require(
             self, "float64_depth", self.float64_depth is None or is_int(self.float64_depth, 0), "null or an int >= 0"
         )
@@ -210,7 +214,7 @@ def model_job(
     """The training run of one model on seed ``seed``'s K-GP with ``n`` demonstrations.
 
     The 1/n factor is on every head but softmax (which already averages over the n sources); models with an
-    exp head train at ``exp_lr`` (unbounded scores); models deeper than ``float64_depth`` in float64; the init draws from ``("init", name)`` of the seed. With
+    exp head train at ``exp_lr`` (unbounded scores); models deeper than ``float64_depth`` in float64; one that diverges retries at lr × ``retry_lr``; the init draws from ``("init", name)`` of the seed. With
     ``setup.protocol == 'authors'`` the model is :class:`MaskedKernelTransformer` trained by :func:`authors_train`."""
     value = setup.value if value is None else value
     task = make_task(setup, seed, kernel)
@@ -241,6 +245,7 @@ def model_job(
         seed=seed,
         init_key=("init", name),
         snapshot=_snapshot if train.snapshot_every else None,
+        retry_lr=setup.retry_lr if setup.protocol == "paper" else None,
     )
     return ModelJob(run, task, seed, kernel, attention or "+".join(activations), n, n_layers, value)
 
