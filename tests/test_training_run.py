@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from iclab import ConfigError
+from iclab.core.config import config_hash
 from iclab.core.errors import DivergenceError
 from iclab.core.seeding import derive_seed, generator
 from iclab.models import LinearTransformer, LinearTransformerConfig, MergedAttention
@@ -168,7 +169,8 @@ def test_a_run_that_diverges_trains_again_from_its_initial_weights_at_a_lower_lr
     step = res.retry["step"]
     assert 1 <= step < DIVERGING.steps
     assert f"seed4: diverged at step {step} with lr 1" in caplog.text and "at lr 0.05 (retry_lr)" in caplog.text
-    assert json.loads((out / "retry" / "diverged.json").read_text()) == res.retry
+    stored = json.loads((out / "retry" / "diverged.json").read_text())
+    assert stored == res.retry | {"config": config_hash(dataclasses.replace(run.train, seed=4))}
     fresh = _run(train=dataclasses.replace(DIVERGING, lr=0.05, checkpoint_every=1), snapshot=None).execute()
     assert res.history == fresh.history and math.isfinite(res.final_test_loss)
     for p, q in zip(res.model.parameters(), fresh.model.parameters(), strict=True):
@@ -184,7 +186,10 @@ def test_a_run_that_diverges_trains_again_from_its_initial_weights_at_a_lower_lr
     with caplog.at_level("WARNING"):
         third = run.execute()
     assert "the first attempt resumes" in caplog.text and third.retry == res.retry
-    assert json.loads((out / "retry" / "diverged.json").read_text()) == res.retry
+    assert json.loads((out / "retry" / "diverged.json").read_text()) == stored
+    # another config (here 30 steps at lr 0.02, which trains): the record is not this run's, the first attempt trains
+    other = dataclasses.replace(run, train=dataclasses.replace(run.train, lr=0.02, optimizer="adam"))
+    assert other.execute().retry is None and json.loads((out / "retry" / "diverged.json").read_text()) == stored
 
 
 def test_without_retry_lr_a_divergence_is_raised_with_its_step() -> None:

@@ -27,7 +27,7 @@ Three regimes share the spec:
 A sampled run may be given ``retry_lr``: when its training ends in a
 :class:`~iclab.core.errors.DivergenceError` (every batch overflowing, say), it trains once more from the same initial
 weights at ``lr × retry_lr`` in ``out_dir/retry``, with ``diverged.json`` there saying at which lr and step the first
-attempt diverged; a later call goes straight to the retry, and ``TrainResult.retry`` says it happened.
+attempt diverged (and the hash of its train config); a later call of the same config goes straight to the retry, and ``TrainResult.retry`` says it happened.
 
 The two reduced regimes record every ``train.eval_every`` steps and put the :class:`Trajectory` on the
 result (``TrainResult.trajectory``); their learning rate and step count are ``train.lr`` and ``train.steps``.
@@ -46,6 +46,7 @@ import torch
 from rich.progress import Progress
 from torch import Tensor, nn
 
+from iclab.core.config import config_hash
 from iclab.core.episode import Episode
 from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, require
 from iclab.core.io import atomic_write_json, read_json
@@ -154,7 +155,7 @@ class TrainingRun:
         if self.regime != "sampled" and stop.should_stop():  # the reduced regimes do not checkpoint: start none
             raise stop.Stopped(f"{self.name} not started", stop.requested() or "requested", not_started=1)
         if self.regime == "sampled":
-            retry = self._retried()
+            retry = self._retried(cfg)
             if retry is None:
                 try:
                     result = self._train(model, cfg, self.out_dir, device, progress)
@@ -194,9 +195,10 @@ class TrainingRun:
             description=self.name,
         )
 
-    def _retried(self) -> dict[str, Any] | None:
+    def _retried(self, cfg: TrainConfig) -> dict[str, Any] | None:
         """The record of an earlier call's divergence (``retry/diverged.json``) when this run retries; None when there
-        is none or it is unreadable (the first attempt then resumes, diverges again and writes it anew)."""
+        is none, it is unreadable (the first attempt then resumes, diverges again and writes it anew) or it was written
+        under another train config or ``retry_lr`` (the first attempt trains under this one)."""
         if self.retry_lr is None or self.out_dir is None:
             return None
         path = Path(self.out_dir) / RETRY / DIVERGED
@@ -208,10 +210,18 @@ class TrainingRun:
             log.warning("%s: %s; the first attempt resumes", self.name, e)
             return None
         keys = {"lr", "step", "retry_lr"}
-        if not isinstance(record, dict) or set(record) != keys or not all(_number(record[k]) for k in keys):
-            log.warning("%s: %s does not hold %s; the first attempt resumes", self.name, path, sorted(keys))
+        if (
+            not isinstance(record, dict)
+            or set(record) != keys | {"config"}
+            or not all(_number(record[k]) for k in keys)
+        ):
+            log.warning(
+                "%s: %s does not hold %s; the first attempt resumes", self.name, path, sorted(keys | {"config"})
+            )
             return None
-        return record
+        if record["config"] != config_hash(cfg) or record["retry_lr"] != cfg.lr * self.retry_lr:
+            return None
+        return {k: record[k] for k in ("lr", "step", "retry_lr")}
 
     def _diverged(self, cfg: TrainConfig, error: DivergenceError) -> dict[str, Any]:
         """Record the first attempt's divergence (in ``retry/diverged.json`` under ``out_dir``) and say so."""
@@ -221,9 +231,9 @@ class TrainingRun:
             "step": error.step if error.step is not None else -1,
             "retry_lr": cfg.lr * self.retry_lr,
         }
-        if self.out_dir is not None:
+        if self.out_dir is not None:  # with the first attempt's config: a record of another config is not this run's
             (Path(self.out_dir) / RETRY).mkdir(parents=True, exist_ok=True)
-            atomic_write_json(Path(self.out_dir) / RETRY / DIVERGED, record)
+            atomic_write_json(Path(self.out_dir) / RETRY / DIVERGED, record | {"config": config_hash(cfg)})
         log.warning(
             "%s: diverged at step %s with lr %.6g (%s); training again from its initial weights at lr %.6g (retry_lr)",
             self.name, record["step"], cfg.lr, str(error).splitlines()[0][:200], record["retry_lr"],
