@@ -4,7 +4,8 @@
     python scripts/paper_queue.py --dry-run          # the queue and each experiment's projection only
 
 The queue is every experiment of benchmarks/results/paper_presets.json without a ``run`` at its paper settings:
-those already started under ``--out`` first, then by projected core-hours (``estimate``), up to ``--max-core-hours``. Each one runs as
+those already started under ``--out`` first (the one with the most wall time in its pieces first: finish what is
+furthest along), then by projected core-hours (``estimate``), up to ``--max-core-hours``. Each one runs as
 ``iclab run EXP --preset paper --workers N --cpus-per-task 1 --time-limit LEFT --out OUT``, where LEFT is what is
 left of this call's ``--time-limit``: an experiment stopped on the deadline checkpoints its runs, and the next call
 of this script (the same arguments) continues it first, bit for bit. Exit code 0 when the queue is done, 75 when the
@@ -22,6 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from iclab.core.errors import CorruptFileError
+from iclab.core.io import read_json
+from iclab.core.safe_parse import is_finite_number
+from iclab.experiments.runner import PIECES
 from iclab.training.stop import parse_duration
 
 JSON = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "paper_presets.json"
@@ -31,19 +36,36 @@ MIN_PIECE = 120.0  # seconds: a piece shorter than this would only load and chec
 
 def queue(data: dict, max_core_hours: float | None = None, out: Path | None = None) -> list[tuple[str, float]]:
     """(experiment, projected core-hours) of every experiment without a paper run: those already started under
-    ``out`` (a paper run directory without its summary) first, then the cheapest."""
+    ``out`` (a paper run directory without its summary) first, the one with the most time in its pieces (:func:`spent`)
+    first, then the cheapest."""
     rows = [
         (name, float(entry["estimate"]["core_hours"]))
         for name, entry in data["experiments"].items()
         if "run" not in entry and entry.get("estimate", {}).get("core_hours") is not None
     ]
     rows = [r for r in rows if max_core_hours is None or r[1] <= max_core_hours]
-    return sorted(rows, key=lambda r: (not started(out, r[0]), r[1], r[0]))
+    return sorted(rows, key=lambda r: (not started(out, r[0]), -spent(out, r[0]), r[1], r[0]))
 
 
 def started(out: Path | None, name: str) -> bool:
     """Whether ``out`` holds a paper run directory of ``name`` that has not finished (no summary.json)."""
     return out is not None and any(not (d / "summary.json").exists() for d in (out / name).glob("paper-*"))
+
+
+def spent(out: Path | None, name: str) -> float:
+    """Seconds of wall time in the pieces (``pieces.json``) of ``name``'s unfinished paper run directories under
+    ``out``; a file that does not read as pieces counts 0 (the run itself sets a damaged one aside)."""
+    total = 0.0
+    for d in (out / name).glob("paper-*") if out is not None else ():
+        if (d / "summary.json").exists() or not (d / PIECES).is_file():
+            continue
+        try:
+            pieces = read_json(d / PIECES)
+        except CorruptFileError:
+            continue
+        if isinstance(pieces, list):
+            total += sum(p["seconds"] for p in pieces if isinstance(p, dict) and is_finite_number(p.get("seconds")))
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:

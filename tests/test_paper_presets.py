@@ -255,7 +255,8 @@ def _queue_script():
 
 
 def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(tmp_path, monkeypatch, capsys) -> None:
-    """scripts/paper_queue.py: the experiments without a paper run, by projected core-hours; each `iclab run` gets what
+    """scripts/paper_queue.py: the experiments without a paper run, those started first (the one furthest along
+    first), then by projected core-hours; each `iclab run` gets what
     is left of the deadline; a stopped one (75) ends the call with 75, a failure with its code; --dry-run runs none."""
     import json
 
@@ -270,6 +271,15 @@ def test_the_queue_runs_the_unrun_presets_cheapest_first_until_its_deadline(tmp_
     assert q.queue(data, max_core_hours=2) == [("a.small", 1.5)]
     (tmp_path / "a.big" / "paper-123").mkdir(parents=True)  # started, not finished: continued first
     assert q.queue(data, out=tmp_path) == [("a.big", 9.0), ("a.small", 1.5)]
+    # both started: the one with more time in its pieces first (a damaged pieces.json counts 0)
+    (tmp_path / "a.small" / "paper-9").mkdir(parents=True)
+    (tmp_path / "a.small" / "paper-9" / "pieces.json").write_text('[{"seconds": 30.0}, {"seconds": 40.5}, "x"]')
+    assert q.spent(tmp_path, "a.small") == 70.5 and q.queue(data, out=tmp_path) == [("a.small", 1.5), ("a.big", 9.0)]
+    (tmp_path / "a.big" / "paper-123" / "pieces.json").write_text('[{"seconds": 600.0}]')
+    assert q.queue(data, out=tmp_path) == [("a.big", 9.0), ("a.small", 1.5)]
+    (tmp_path / "a.big" / "paper-123" / "pieces.json").write_text('[{"seconds": 6')
+    assert q.spent(tmp_path, "a.big") == 0.0 and q.queue(data, out=tmp_path)[0] == ("a.small", 1.5)
+    (tmp_path / "a.small" / "paper-9" / "summary.json").write_text("{}")
     (tmp_path / "a.big" / "paper-123" / "summary.json").write_text("{}")
     assert q.queue(data, out=tmp_path) == [("a.small", 1.5), ("a.big", 9.0)]
     assert [name for name, _ in q.queue(json.loads(q.JSON.read_text()))][:1]  # the stored records parse
