@@ -50,6 +50,7 @@ from iclab.core.config import config_hash
 from iclab.core.episode import Episode
 from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, require
 from iclab.core.io import atomic_write_json, read_json
+from iclab.core.safe_parse import is_finite_number
 from iclab.core.seeding import derive_seed, generator
 from iclab.training import stop
 from iclab.training.config import TrainConfig
@@ -213,7 +214,7 @@ class TrainingRun:
         if (
             not isinstance(record, dict)
             or set(record) != keys | {"config"}
-            or not all(_number(record[k]) for k in keys)
+            or not all(is_finite_number(record[k]) for k in keys)
         ):
             log.warning(
                 "%s: %s does not hold %s; the first attempt resumes", self.name, path, sorted(keys | {"config"})
@@ -313,10 +314,6 @@ def adopt(run: TrainingRun, result: TrainResult) -> TrainResult:
         run.model.load_state_dict(result.model.state_dict())
         result.model = run.model
     return result
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 def _to_cpu(obj: Any) -> Any:
