@@ -119,12 +119,12 @@ def _threads(est: dict[str, Any]) -> int:
 
 def scaling_table(entries: dict[str, dict], names: list[str]) -> str:
     """docs/scaling.md: every experiment's paper preset, projected wall and core-hours (projected wall × the probe's
-    torch threads)."""
+    torch threads), their total and the total of those not yet run at paper."""
     head = [
         "| experiment | training runs | steps in all | projected wall, one process | core-hours | measured at paper |",
         "|---|---|---|---|---|---|",
     ]
-    rows, total = [], 0.0
+    rows, total, unrun = [], 0.0, []
     for name in names:
         e = entries.get(name, {})
         est, run = e.get("estimate"), e.get("run")
@@ -134,12 +134,16 @@ def scaling_table(entries: dict[str, dict], names: list[str]) -> str:
             continue
         core_h = est["projected_seconds"] * _threads(est) / 3600
         total += core_h
+        if not run:
+            unrun.append(core_h)
         bound = "" if est.get("complete", True) else " (lower bound)"
         rows.append(
             f"| {name} | {est['train_runs']} | {est['train_steps']:,} | {format_seconds(est['projected_seconds'])}{bound}"
             f" | {core_h:.3g} | {measured} |"
         )
     rows.append(f"| **all probed** | | | | **{total:,.0f}** | |")
+    # what is left: the probed experiments without a run at paper (reduced runs do not count)
+    rows.append(f"| **not yet run at paper: {len(unrun)}** | | | | **{sum(unrun):,.0f}** | |")
     return "\n".join(head + rows)
 
 

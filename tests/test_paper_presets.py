@@ -131,6 +131,18 @@ def test_an_experiment_without_a_record_is_shown_not_run() -> None:
     assert "| zhang2025.fig3 | not run | — | not probed |" in bodies["performance.md"]
 
 
+def test_the_scaling_table_totals_what_is_left_to_run() -> None:
+    """The last row sums the projections of the probed experiments with no run at paper; a run takes its row out of
+    that total, not out of the total of all."""
+    tables = _tables_script()
+    est = {"train_runs": 1, "train_steps": 10, "projected_seconds": 3600.0, "threads": 2}
+    run = {"seconds": 100.0, "passed": 1, "claims": 1}
+    entries = {"a": {"estimate": est}, "b": {"estimate": est, "run": run}, "c": {"estimate": dict(est, threads=1)}}
+    lines = tables.scaling_table(entries, ["a", "b", "c", "d"]).splitlines()
+    assert lines[-2] == "| **all probed** | | | | **5** | |"  # 2 + 2 + 1 core-hours
+    assert lines[-1] == "| **not yet run at paper: 2** | | | | **3** | |"  # a and c
+
+
 def test_replace_block_keeps_the_rest_of_the_file(tmp_path) -> None:
     """Only the marked section is rewritten, from the file as it is just before the write."""
     tables = _tables_script()
