@@ -17,7 +17,8 @@ Claims:
   Monte-Carlo estimate of the Bayes risk (±1 %)
 
 Time on 2 CPU cores: quick 70-120 s (1 seed, n ∈ {6, 14}, 200 steps of 1000 prompts; 24 models); paper 3.9
-core-hours (3 seeds, n = 2..14, 3000 steps of 30 000 prompts; 252 models), ≈ 30 min on 8 Ray workers.
+core-hours projected (3 seeds, n = 2..14, 3000 steps of 30 000 prompts; 252 models), 2.2 h measured with
+``--workers 2`` (4/5), ≈ 30 min on 8 Ray workers.
 
 What did not match: quick losses are not converged (relu on K^relu 0.39 at n = 14 vs the A ≡ 0 family's 0.32), so
 quick judges the orderings at ≥ 0.5 of the grid; exp heads train at ``exp_lr`` = 0.01 (they diverge at 0.05). At the
