@@ -23,6 +23,7 @@ from iclab.experiments.runner import progress_text, run_experiment
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
 from iclab.training import TrainConfig, TrainingRun, TrainResult, load_history, stop, train
+from iclab.training.run import ModelSpec
 
 TASK = LinearRegression(d=3)
 SAMPLE = functools.partial(TASK.sample, n=8)
@@ -349,3 +350,88 @@ def test_not_started_leaves_out_the_runs_an_earlier_piece_trained(tmp_path: Path
     outcomes = [Outcome(i, f"x/r{i}", v) for i, v in enumerate(not_started)]
     _recount_not_started(runs, outcomes)
     assert {v.not_started for v in not_started} == {3}
+
+
+def _softmax_run(out_dir: Path | None, steps: int = 12) -> TrainingRun:
+    """A full-batch run of Zhang et al. 2025 Fig. 5's token-level softmax attention (separate rank-one key and
+    query), small: the regime whose paper runs take over an hour each."""
+    from iclab.experiments.zhang2025._setup import token_spec
+
+    spec = token_spec(3, 2, key_query="separate", activation="softmax", init_std=0.1)
+    data = LinearRegression(d=3).sample(16, 6, generator=generator(1), dtype=torch.float64)
+    cfg = TrainConfig(steps=steps, lr=0.5, eval_every=3, checkpoint_every=5, progress=False)
+    return TrainingRun(name="softmax", model=spec, task=data, train=cfg, regime="full_batch", out_dir=out_dir)
+
+
+@pytest.mark.parametrize("at", [4, 5, 11])  # between checkpoints, on one, the step before the last
+def test_a_token_level_full_batch_run_stops_and_continues_bit_identically(tmp_path: Path, monkeypatch, at: int) -> None:
+    """A token-level full-batch run (``TrainingRun.checkpoints``) checkpoints when asked to stop and the same call
+    continues it: its trajectory (steps, parameters, training losses) equals an uninterrupted run's bit for bit, and a
+    finished run is loaded, not retrained. The reduced models' runs keep no checkpoint."""
+    full = _softmax_run(None).execute().trajectory
+    calls = {"n": 0}
+    real = stop.should_stop
+
+    def stop_after(k: int):  # type: ignore[no-untyped-def]
+        def should_stop() -> bool:  # one check before the run, then one after each step but the last
+            calls["n"] += 1
+            if calls["n"] == k + 1:
+                stop.request("SIGTERM")
+            return real()
+
+        return should_stop
+
+    monkeypatch.setattr(stop, "should_stop", stop_after(at))
+    run = _softmax_run(tmp_path / "softmax")
+    assert run.checkpoints
+    try:
+        with pytest.raises(stop.Stopped, match=rf"softmax at step {at}/12"):
+            run.execute()
+    finally:
+        stop.reset()
+    monkeypatch.setattr(stop, "should_stop", real)
+    assert progress_text(tmp_path) == f"0 runs finished, 1 partial (softmax at step {at}/12)"
+    pieces = run.execute().trajectory
+    again = run.execute()  # loaded from the finished checkpoint
+    assert again.timing is None and progress_text(tmp_path) == "1 run finished"
+    for traj in (pieces, again.trajectory):
+        assert full is not None and traj is not None
+        assert torch.equal(traj.steps, full.steps) and torch.equal(traj.train_loss, full.train_loss)
+        assert full.params.keys() == traj.params.keys()
+        assert all(torch.equal(traj.params[k], full.params[k]) for k in full.params)
+    from iclab.models import MergedAttention
+
+    reduced = TrainingRun(
+        name="m", model=ModelSpec(MergedAttention, kwargs={"d": 3, "n_heads": 1}), task=_softmax_run(None).task,
+        train=TrainConfig(steps=3), regime="full_batch",
+    )  # fmt: skip
+    assert not reduced.checkpoints
+
+
+def test_cli_run_of_a_full_batch_card_stops_mid_run_and_continues_with_the_same_claims(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """``iclab run zhang2025.fig5``: its softmax runs train by full-batch GD; a SIGTERM in the middle of the first one
+    exits 75 with that run partial, and the same command continues it and measures the frozen smoke claims."""
+    exp = "zhang2025.fig5"
+    calls = {"n": 0}
+    real = stop.should_stop
+
+    def sigterm_at_4() -> bool:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            stop.request("SIGTERM")
+        return real()
+
+    monkeypatch.setattr(stop, "should_stop", sigterm_at_4)
+    cli = ["run", exp, "--preset", "smoke", "--out", str(tmp_path)]
+    first = CliRunner().invoke(app, cli)
+    assert first.exit_code == 75, first.output
+    assert "0 runs finished, 1 partial (merged-seed0 at step 3/6), 1 not started" in first.output
+    monkeypatch.setattr(stop, "should_stop", real)
+    second = CliRunner().invoke(app, [*cli, "--json"])
+    assert second.exit_code == 0, second.output
+    run_dir = next((tmp_path / exp).iterdir())
+    claims = json.loads((run_dir / "claims.json").read_text())
+    assert {c["name"]: c["measured"] for c in claims} == FROZEN[exp]
+    assert progress_text(run_dir) == "2 runs finished"

@@ -188,9 +188,10 @@ class RunContext:
 
     def execute(self, runs: Sequence[TrainingRun]) -> list[TrainResult]:
         """Execute an experiment's training runs on this context's device and return their results in order;
-        a sampled run checkpoints in ``out_dir/<run name>`` unless it names its own directory."""
+        a run that checkpoints (``TrainingRun.checkpoints``) does so in ``out_dir/<run name>`` unless it names its own
+        directory."""
         placed = [
-            r if r.out_dir is not None or r.regime != "sampled" else dataclasses.replace(r, out_dir=self.subdir(r.name))
+            r if r.out_dir is not None or not r.checkpoints else dataclasses.replace(r, out_dir=self.subdir(r.name))
             for r in runs
         ]
         try:
@@ -263,7 +264,7 @@ class RunContext:
 
         def train(steps: int) -> TrainResult:
             spec = dataclasses.replace(run, train=dataclasses.replace(run.train, steps=steps))
-            if run.regime == "sampled" and run.out_dir is not None:
+            if run.checkpoints and run.out_dir is not None:
                 spec = dataclasses.replace(spec, out_dir=self.subdir("probe", steps, run.name))
             t0 = time.perf_counter()
             out = execute_all([spec], device=self.device, progress=self.progress)[0]

@@ -32,6 +32,7 @@ Next-token loss (eq. 23): ``next_token=True`` trains on every prefix of each seq
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
@@ -269,11 +270,19 @@ def _full_batch_reduced(
 
 
 def _full_batch_autograd(
-    model: nn.Module, episode: Episode, lr: float, steps: int, record_every: int
+    model: nn.Module,
+    episode: Episode,
+    lr: float,
+    steps: int,
+    record_every: int,
+    out_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    description: str = "full_batch_gd",
 ) -> tuple[dict[str, list[Tensor]], list[int], Tensor, StepTiming | None]:
     """Plain full-batch GD for any module with ``predict``, through the one trainer: SGD without
     momentum on the fixed set (``train_size = batch_size = P``), the parameters and the training MSE
-    recorded at the steps of :func:`_record_steps`, and the trainer's step timer."""
+    recorded at the steps of :func:`_record_steps`, and the trainer's step timer. With ``out_dir`` the trainer
+    checkpoints there (every ``checkpoint_every`` steps, and when asked to stop) and resumes bit for bit."""
 
     named = [(k, p) for k, p in model.named_parameters() if p.requires_grad]
     require("full_batch_gd", "model", bool(named), "a module with trainable parameters", type(model).__name__)
@@ -291,16 +300,18 @@ def _full_batch_autograd(
     dtype = named[0][1].dtype
     cfg = TrainConfig(
         steps=steps, batch_size=episode.batch_size, train_size=episode.batch_size, optimizer="sgd", lr=lr,
-        eval_every=0, log_every=record_every, snapshot_every=record_every, checkpoint_every=0,
+        eval_every=0, log_every=record_every, snapshot_every=record_every, checkpoint_every=checkpoint_every,
         dtype=cast(DType, str(dtype).removeprefix("torch.")), progress=False,
     )  # fmt: skip
     result = train(
         model,
         lambda batch, *, generator, dtype: episode,  # the fixed training set; no randomness to draw
         cfg,
+        out_dir=out_dir,
         device=episode.device,
         test_episode=episode,
         snapshot_fn=lambda m: {k: p.detach() for k, p in m.named_parameters() if p.requires_grad},
+        description=description,
     )
     by_step = {int(r["step"]): r["train_loss"] for r in result.history}  # MSE before that step's update
     losses = [by_step[t] if t < steps else result.final_test_loss for t in rec]  # after the last update
@@ -320,6 +331,9 @@ def full_batch_gd(
     inv_n: float | None = None,
     next_token: bool = False,
     method: Literal["moments", "samples"] = "moments",
+    out_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    description: str = "full_batch_gd",
 ) -> Trajectory:
     """Plain GD (``torch.optim.SGD`` without momentum, whole set every step) on the MSE of a fixed
     training set of P sequences — the regime of every figure of the paper (its "gradient descent"; the
@@ -336,7 +350,10 @@ def full_batch_gd(
     same way (vec s in place of β; ``loss`` with ``Lambda`` is then its exact population loss). Any other module
     with ``predict`` is trained by autograd on the full batch through :func:`iclab.training.train` (single seed,
     no ``next_token``): e.g. the token-level :class:`~iclab.models.LinearTransformer`, which the moment route
-    equals step by step.
+    equals step by step. Such a module's run checkpoints in ``out_dir`` (every ``checkpoint_every`` steps and when
+    asked to stop, :mod:`iclab.training.stop`) and a later call with the same arguments continues it bit for bit
+    (a finished one is loaded; ``description`` names it in a stop's message); the moment route takes milliseconds to
+    seconds and keeps no checkpoint.
     """
     owner = "full_batch_gd"
     _check_common(owner, model, lr, steps, record_every)
@@ -353,7 +370,9 @@ def full_batch_gd(
         require(owner, "episodes", len(eps) == 1, "one training set for a module without seeds", f"{len(eps)} sets")
         require(owner, "next_token", not next_token, "False for token-level modules", next_token)
         require(owner, "Lambda", Lambda is None, "None for modules without an effective matrix", "a matrix")
-        snaps, rec, train, timing = _full_batch_autograd(model, eps[0], lr, steps, record_every)
+        snaps, rec, train, timing = _full_batch_autograd(
+            model, eps[0], lr, steps, record_every, out_dir, checkpoint_every, description
+        )
         params = {k: torch.stack(v).cpu() for k, v in snaps.items()}
         steps_t = torch.tensor(rec, dtype=torch.long)
         time_t = 2.0 * lr * steps_t.to(torch.float64)

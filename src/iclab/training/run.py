@@ -20,7 +20,9 @@ Three regimes share the spec:
   ``task``, a sampler ``sample(batch, *, generator, dtype) -> Episode``; checkpointed and resumable in
   ``out_dir``.
 * ``"full_batch"``: plain GD on fixed training sets (:func:`iclab.training.full_batch_gd`, Zhang et al.
-  2025's regime), ``task`` being the training :class:`Episode` or one per seed of a batched model.
+  2025's regime), ``task`` being the training :class:`Episode` or one per seed of a batched model; a token-level
+  model (trained by autograd, an hour or more at a paper's epochs) checkpoints and resumes in ``out_dir`` as a sampled
+  run does, a reduced model (its moment route: seconds) does not.
 * ``"population"``: GD on the exact population loss (:func:`iclab.training.population_flow`), ``task``
   being the covariance Λ; no data at all.
 
@@ -52,6 +54,7 @@ from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, re
 from iclab.core.io import atomic_write_json, read_json
 from iclab.core.safe_parse import is_finite_number
 from iclab.core.seeding import derive_seed, generator
+from iclab.models.reduced_attention import _ReducedAttention
 from iclab.training import stop
 from iclab.training.config import TrainConfig
 from iclab.training.population import Trajectory, full_batch_gd, population_flow
@@ -92,8 +95,8 @@ class TrainingRun:
 
     ``model``: a :class:`ModelSpec` (built with ``generator(derive_seed(seed, *init_key))``) or an already
     built ``nn.Module`` (e.g. one loaded with a construction's weights), trained in place.
-    ``train.seed`` is replaced by ``seed``. ``out_dir``: where the sampled regime checkpoints and logs
-    (None: in memory only). ``loss``/``snapshot``: module-level functions or partials of them.
+    ``train.seed`` is replaced by ``seed``. ``out_dir``: where a run that :attr:`checkpoints` writes its checkpoints
+    and logs (None: in memory only). ``loss``/``snapshot``: module-level functions or partials of them.
     """
 
     name: str
@@ -143,6 +146,15 @@ class TrainingRun:
             # a module given whole is trained in place: its initial weights are gone once the first attempt diverged
             require(owner, "model", isinstance(self.model, ModelSpec), "a ModelSpec with retry_lr", self.model)
 
+    @property
+    def checkpoints(self) -> bool:
+        """Whether this run checkpoints in ``out_dir`` (and so can stop and continue): a sampled run, and a full-batch
+        run of a token-level model; the reduced models' moment route and the population flow keep none."""
+        if self.regime == "sampled":
+            return True
+        cls = self.model.cls if isinstance(self.model, ModelSpec) else type(self.model)
+        return self.regime == "full_batch" and not issubclass(cls, _ReducedAttention)
+
     def build_model(self) -> nn.Module:
         """The model this run trains: the given module, or a new one built from its spec."""
         if isinstance(self.model, nn.Module):
@@ -153,7 +165,7 @@ class TrainingRun:
         """Train and return the :class:`TrainResult` (the trained model, its curves and snapshots)."""
         model = self.build_model()
         cfg = dataclasses.replace(self.train, seed=self.seed)
-        if self.regime != "sampled" and stop.should_stop():  # the reduced regimes do not checkpoint: start none
+        if not self.checkpoints and stop.should_stop():  # nothing to continue from: start none
             raise stop.Stopped(f"{self.name} not started", stop.requested() or "requested", not_started=1)
         if self.regime == "sampled":
             retry = self._retried(cfg)
@@ -255,6 +267,9 @@ class TrainingRun:
             Lambda=self.Lambda,
             inv_n=self.inv_n,
             next_token=self.next_token,
+            out_dir=self.out_dir,
+            checkpoint_every=cfg.checkpoint_every,
+            description=self.name,
         )
 
 
