@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,21 @@ def _cfg() -> TrainConfig:
 
 def _snap(m: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {"A": m.A}  # type: ignore[dict-item]
+
+
+def _sigterm_at(monkeypatch: pytest.MonkeyPatch, k: int) -> Callable[[], bool]:
+    """From now on the k-th stop check requests a stop as the SIGTERM handler does; returns the real check."""
+    calls = {"n": 0}
+    real = stop.should_stop
+
+    def should_stop() -> bool:
+        calls["n"] += 1
+        if calls["n"] == k:
+            stop.request("SIGTERM")
+        return real()
+
+    monkeypatch.setattr(stop, "should_stop", should_stop)
+    return real
 
 
 def _same(a, b) -> None:  # type: ignore[no-untyped-def]
@@ -125,16 +141,7 @@ def test_cli_run_stops_mid_run_and_continues_with_the_same_claims(tmp_path: Path
     """``iclab run``: a SIGTERM at the 5th stop check (one before the run's steps, then one after each step) exits 75
     with one line and writes no claims; the same command says how much is done, finishes, and measures the claims of
     an uninterrupted run (the frozen smoke values)."""
-    calls = {"n": 0}
-    real = stop.should_stop
-
-    def sigterm_at_5() -> bool:
-        calls["n"] += 1
-        if calls["n"] == 5:
-            stop.request("SIGTERM")  # what the SIGTERM handler does
-        return real()
-
-    monkeypatch.setattr(stop, "should_stop", sigterm_at_5)
+    real = _sigterm_at(monkeypatch, 5)
     cli = ["run", EXP, "--preset", "smoke", "--out", str(tmp_path)]
     first = CliRunner().invoke(app, cli)
     assert first.exit_code == 75, first.output
@@ -248,16 +255,7 @@ def test_cli_train_stops_and_continues(tmp_path: Path, monkeypatch) -> None:
     yaml += "train: {{steps: 30, batch_size: 32, eval_batch: 32, eval_every: 5, progress: false}}\nout: {}\n"
     for name in ("pieces", "whole"):
         (tmp_path / f"{name}.yaml").write_text(yaml.format(tmp_path / name))
-    calls = {"n": 0}
-    real = stop.should_stop
-
-    def sigterm_at_4() -> bool:
-        calls["n"] += 1
-        if calls["n"] == 4:
-            stop.request("SIGTERM")
-        return real()
-
-    monkeypatch.setattr(stop, "should_stop", sigterm_at_4)
+    real = _sigterm_at(monkeypatch, 4)
     first = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "pieces.yaml"), "--time-limit", "1h"])
     assert first.exit_code == 75 and "at step 3/30; run the same command to continue" in first.output, first.output
     monkeypatch.setattr(stop, "should_stop", real)
@@ -369,19 +367,7 @@ def test_a_token_level_full_batch_run_stops_and_continues_bit_identically(tmp_pa
     continues it: its trajectory (steps, parameters, training losses) equals an uninterrupted run's bit for bit, and a
     finished run is loaded, not retrained. The reduced models' runs keep no checkpoint."""
     full = _softmax_run(None).execute().trajectory
-    calls = {"n": 0}
-    real = stop.should_stop
-
-    def stop_after(k: int):  # type: ignore[no-untyped-def]
-        def should_stop() -> bool:  # one check before the run, then one after each step but the last
-            calls["n"] += 1
-            if calls["n"] == k + 1:
-                stop.request("SIGTERM")
-            return real()
-
-        return should_stop
-
-    monkeypatch.setattr(stop, "should_stop", stop_after(at))
+    real = _sigterm_at(monkeypatch, at + 1)  # one check before the run, then one after each step but the last
     run = _softmax_run(tmp_path / "softmax")
     assert run.checkpoints
     try:
@@ -414,16 +400,7 @@ def test_cli_run_of_a_full_batch_card_stops_mid_run_and_continues_with_the_same_
     """``iclab run zhang2025.fig5``: its softmax runs train by full-batch GD; a SIGTERM in the middle of the first one
     exits 75 with that run partial, and the same command continues it and measures the frozen smoke claims."""
     exp = "zhang2025.fig5"
-    calls = {"n": 0}
-    real = stop.should_stop
-
-    def sigterm_at_4() -> bool:
-        calls["n"] += 1
-        if calls["n"] == 4:
-            stop.request("SIGTERM")
-        return real()
-
-    monkeypatch.setattr(stop, "should_stop", sigterm_at_4)
+    real = _sigterm_at(monkeypatch, 4)
     cli = ["run", exp, "--preset", "smoke", "--out", str(tmp_path)]
     first = CliRunner().invoke(app, cli)
     assert first.exit_code == 75, first.output
