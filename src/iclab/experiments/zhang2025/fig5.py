@@ -13,7 +13,8 @@ Claims:
 - softmax_separate_several_drops: every seed's softmax ATTN_S training loss drops at least twice.
 
 Time on 2 CPU cores: quick 3-20 s; paper ≈ 8.5 core-hours projected (6 seeds × 100 001 steps per model; the longest
-run ≈ 1.3 h; each run checkpoints, so ``--time-limit`` pieces continue it). One seed at P = 1000 / 2000 with 60 001 / 100 001 steps passes 3/3.
+run ≈ 1.3 h; each run checkpoints, so ``--time-limit`` pieces continue it). One seed at P = 1000 / 2000 with
+60 001 / 100 001 steps passes 3/3.
 
 What did not match: the paper states Fig. 5's data and models ("the same as Figs 1 and 3") but not its epochs, and at
 those figures' epochs (6001 / 10 001) neither softmax model leaves its first plateau: the paper preset trains 10-16×
