@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from iclab import ConfigError
 from iclab.experiments import all_experiments, run_experiment
@@ -175,3 +176,24 @@ def test_ahn2023_model_selection_keeps_the_best_recent_snapshot_on_validation() 
     assert chosen.A.dtype == torch.float64
     _, step = select_snapshot(result, 1, val)
     assert step == 30
+
+
+def test_force_retrains_every_run_rather_than_loading_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``force=True`` (``--force``) after a change to the code that makes the data: a training run's checkpoint
+    matches its run by config, so the recompute must delete it, not load the model trained on the old data."""
+    from iclab.experiments.zhang2025 import fig5
+
+    first = run_experiment("zhang2025.fig5", "smoke", out=tmp_path / "a")
+    covariance = fig5.covariance
+    monkeypatch.setattr(fig5, "covariance", lambda cfg: 2 * covariance(cfg))  # other data, the same config
+    assert run_experiment("zhang2025.fig5", "smoke", out=tmp_path / "a").reused
+    forced = run_experiment("zhang2025.fig5", "smoke", out=tmp_path / "a", force=True)
+    fresh = run_experiment("zhang2025.fig5", "smoke", out=tmp_path / "b")
+    assert not forced.reused and forced.out_dir == first.out_dir
+    for key in ("merged", "separate"):
+        new, old = getattr(forced.results, key).loss, getattr(first.results, key).loss
+        assert torch.equal(new, getattr(fresh.results, key).loss)
+        assert not torch.allclose(new, old)
+    assert (forced.out_dir / "config.yaml").is_file() and (forced.out_dir / "summary.json").is_file()

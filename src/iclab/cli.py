@@ -230,7 +230,9 @@ def run(
     seeds: Annotated[int | None, typer.Option(help="number of seeds (runs)")] = None,
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
     out: Annotated[Path, typer.Option(help="output root", parser=out_path)] = Path("runs"),
-    force: Annotated[bool, typer.Option(help="recompute even if a finished run exists")] = False,
+    force: Annotated[
+        bool, typer.Option(help="recompute: delete the run directory's results and checkpoints, retrain every run")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the claims as JSON on stdout")] = False,
     wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
     backend: BackendOpt = "local",
@@ -318,7 +320,9 @@ def reproduce(
     preset: Annotated[str, typer.Option(help="smoke | quick | paper")] = "quick",
     device: Annotated[str, typer.Option(help="auto | cpu | cuda[:i]")] = "cpu",
     out: Annotated[Path, typer.Option(help="output root", parser=out_path)] = Path("runs"),
-    force: Annotated[bool, typer.Option(help="recompute finished runs")] = False,
+    force: Annotated[
+        bool, typer.Option(help="recompute: delete each run directory's results and checkpoints, retrain every run")
+    ] = False,
     strict: Annotated[bool, typer.Option(help="exit 1 if any claim fails")] = False,
     wait: Annotated[bool, typer.Option(help="wait for another process writing the same run directory")] = True,
     backend: BackendOpt = "local",

@@ -15,6 +15,7 @@ import dataclasses
 import errno
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -146,6 +147,24 @@ def run_experiment(
         return _run_locked(exp, preset, cfg, dev, run_dir, force, progress, backend)
 
 
+#: what a recompute keeps of a run directory: its config and the lock the recompute holds
+_KEPT_BY_FORCE = frozenset({"config.yaml", ".lock", "lock.json"})
+
+
+def clear_run_dir(run_dir: Path) -> None:
+    """Delete what ``run_dir`` holds from earlier (results, figures, claims, the time of earlier pieces, and every
+    training run's checkpoints), so that ``--force`` retrains every run: a checkpoint is matched to its run by the
+    run's config, not by the code that sampled its data, so after a change to the code it would be loaded as it
+    stands. The caller holds the directory's lock."""
+    for entry in run_dir.iterdir():
+        if entry.name in _KEPT_BY_FORCE:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 @contextlib.contextmanager
 def _output_errors(name: str, run_dir: Path) -> Iterator[None]:
     """A write that fails for want of space or permission (figures, claims, summary; the checkpoints and
@@ -178,6 +197,8 @@ def _run_locked(
 ) -> ExperimentResult:
     t0 = time.perf_counter()
     results_path = run_dir / "results.pt"
+    if force:
+        clear_run_dir(run_dir)
     reuse = None if force else reuse_results(exp, preset, cfg, run_dir)
     reused = reuse is not None
     if reuse is not None:

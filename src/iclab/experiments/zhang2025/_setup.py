@@ -29,6 +29,7 @@ from iclab.models.linear_attention import LinearTransformer, LinearTransformerCo
 from iclab.tasks.linear_regression import LinearRegression, rotated_covariance
 from iclab.theory import attention_dynamics as ad
 from iclab.training import ModelSpec, TrainConfig, TrainingRun, Trajectory
+from iclab.training.config import DType
 
 F64 = torch.float64
 PAPER_SPECTRUM = (0.4, 0.3, 0.2, 0.1)  # Figs 1, 3, 5, 6, 8, 11 (the official notebook)
@@ -37,11 +38,11 @@ Regime = Literal["population", "full_batch"]
 DYNAMICS = ("reduced", "all_blocks")
 
 
-def sgd(*, lr: float, steps: int, eval_every: int = 10) -> TrainConfig:
-    """Plain GD as the paper trains (``torch.optim.SGD`` without momentum), float64; ``eval_every`` is the
-    interval at which the reduced regimes record the parameters and losses. The full-batch size P is the card's
-    ``train_size`` (set as ``batch_size = train_size`` when a run is built)."""
-    return TrainConfig(optimizer="sgd", lr=lr, steps=steps, eval_every=eval_every, dtype="float64")
+def sgd(*, lr: float, steps: int, eval_every: int = 10, dtype: DType = "float64") -> TrainConfig:
+    """Plain GD as the paper trains (``torch.optim.SGD`` without momentum), float64 unless ``dtype`` says otherwise;
+    ``eval_every`` is the interval at which the reduced regimes record the parameters and losses. The full-batch
+    size P is the card's ``train_size`` (set as ``batch_size = train_size`` when a run is built)."""
+    return TrainConfig(optimizer="sgd", lr=lr, steps=steps, eval_every=eval_every, dtype=dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,11 +227,18 @@ def train_batched(
 
 
 def token_spec(
-    d: int, n_heads: int, *, key_query: str, activation: str, init_std: float, zero_blocks: bool = True
+    d: int,
+    n_heads: int,
+    *,
+    key_query: str,
+    activation: str,
+    init_std: float,
+    zero_blocks: bool = True,
+    dtype: DType = "float64",
 ) -> ModelSpec:
     """One attention layer on (d+1)-wide tokens as in the authors' code: the query is a source too
-    (X Xᵀ includes the query column), no residual, read-out +[Z]_{d+1,N+1}; float64. Its init key is
-    ``("init", key_query, activation)``."""
+    (X Xᵀ includes the query column), no residual, read-out +[Z]_{d+1,N+1}; float64 unless ``dtype`` says otherwise.
+    Its init key is ``("init", key_query, activation)``."""
     cfg = LinearTransformerConfig(
         d=d,
         n_layers=1,
@@ -244,7 +252,7 @@ def token_spec(
         readout="positive",
         init_std=init_std,
     )
-    return ModelSpec(LinearTransformer, cfg, dtype="float64")
+    return ModelSpec(LinearTransformer, cfg, dtype=dtype)
 
 
 def finite(x: float, fallback: float = 1e9) -> float:

@@ -54,7 +54,7 @@ class Fig5Config(Setup):
     merged_lr: float = 1e-3
     merged_steps: int = 6001
     init_std: float = 0.01
-    train: TrainConfig = field(default_factory=lambda: sgd(lr=0.02, steps=10_001))
+    train: TrainConfig = field(default_factory=lambda: sgd(lr=0.02, steps=10_001, dtype="float32"))
 
 
 @dataclass
@@ -73,19 +73,22 @@ class Fig5Results:
 def run(cfg: Fig5Config, ctx: RunContext) -> Fig5Results:
     Lam = covariance(cfg)
     task = LinearRegression(d=cfg.d, covariance=Lam)
+    dtype = getattr(torch, cfg.train.dtype)
     per_model = []
     for key, H, init, lr, steps, P in (
         ("merged", cfg.merged_heads, cfg.merged_init, cfg.merged_lr, cfg.merged_steps, cfg.merged_train_size),
         ("separate", cfg.n_heads, cfg.init_std, cfg.train.lr, cfg.train.steps, cfg.train_size),
     ):
-        spec = token_spec(cfg.d, H, key_query=key, activation="softmax", init_std=init)
+        spec = token_spec(cfg.d, H, key_query=key, activation="softmax", init_std=init, dtype=cfg.train.dtype)
         train = full_batch(dataclasses.replace(cfg.train, lr=lr, steps=steps), P)
         per_model.append(
             [
                 TrainingRun(
                     name=f"{key}-seed{s}",
                     model=spec,
-                    task=task.sample(P, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64),
+                    task=task.sample(P, cfg.n, generator=generator(derive_seed(s, "train", "softmax")), dtype=F64).to(
+                        dtype=dtype
+                    ),
                     train=train,
                     seed=s,
                     init_key=("init", key, "softmax"),
