@@ -45,7 +45,9 @@ class Fig5Config(Setup):
     ATTN_S on ``train_size`` sequences, ATTN_M takes ``merged_train_size``, ``merged_lr`` and ``merged_steps`` instead.
     The paper's Fig. 5 is "the same as Figs 1 and 3 except softmax": ATTN_M as Fig. 1 (the README command: P = 5000,
     H = 8, init 1e-6, lr 1e-3, 6001 epochs), ATTN_S as Fig. 3 (P = 80 000, H = 5, init 0.01, lr 0.02, 10 001
-    epochs)."""
+    epochs). ``train.dtype`` is float32 as in the authors' code (their ``gen_dataset`` makes float32 data, their model
+    is torch's default dtype); the data are drawn in float64 and rounded, so ``train.dtype=float64`` trains the same
+    prompts."""
 
     train_size: int = 5000
     merged_train_size: int = 5000
