@@ -232,3 +232,37 @@ def test_cheng2024_training_batches_carry_no_K_plus() -> None:
 
     job = model_job(Fig4Config(), seed=0, kernel="linear", activations=("linear",), n=14, n_layers=1, name="m")
     assert "K_plus" not in job.run.task(8, generator=iclab.generator(0)).task
+
+
+@pytest.mark.parametrize(
+    ("kernel", "kw"),
+    [
+        ("relu", {}),
+        ("exp", {}),
+        ("linear", {}),
+        (Kernel("exp", sigma=1.3, weight=0.5), {}),
+        (CompositeKernel((Kernel("linear", weight=0.5), Kernel("relu", weight=0.5))), {}),
+        ("relu", {"jitter": 0.1}),
+        ("exp", {"method": "eigh"}),
+    ],
+)
+def test_a_draw_in_parts_has_the_same_bits(kernel: object, kw: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draw without K₊ makes and factors its Gram matrices ``LABEL_PART`` prompts per thread at a time: every
+    prompt's K and y are its own, so the labels are the same bits as in one part (the parts here are 7 prompts, the
+    last one short), in float32 and float64, at one and two torch threads."""
+    from iclab.tasks import gaussian_process
+
+    task = _task(kernel, **kw)
+    threads = torch.get_num_threads()
+    try:
+        for dtype in (torch.float32, F64):
+            monkeypatch.setattr(gaussian_process, "LABEL_PART", 10**6)
+            whole = task.sample(61, 8, generator=iclab.generator(4), dtype=dtype, with_K_plus=False)
+            monkeypatch.setattr(gaussian_process, "LABEL_PART", 7)
+            for t in (1, 2):
+                torch.set_num_threads(t)
+                parts = task.sample(61, 8, generator=iclab.generator(4), dtype=dtype, with_K_plus=False)
+                assert torch.equal(whole.y, parts.y) and torch.equal(whole.y_query, parts.y_query)
+                assert torch.equal(whole.x, parts.x)
+    finally:
+        torch.set_num_threads(threads)

@@ -192,3 +192,27 @@ def test_bad_input_is_rejected() -> None:
         CompositeKernel(())
     with pytest.raises(ConfigError, match="owner.kernel"):
         as_kernel("owner", 3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "sigma", "cap"), [("relu", 1.0, None), ("exp", 1.0, None), ("exp", 1.7, None), ("exp", 0.8, 2.0)]
+)
+def test_gram_scores_in_place_are_the_bits_of_the_shared_scores(name: str, sigma: float, cap: float | None) -> None:
+    """Without autograd :func:`gram` scores relu and exp over its fresh inner products in place: the same bits as
+    :func:`inner_product_scores` (which the attention layers use); with autograd it takes that function, and its
+    gradient is the elementwise one."""
+    from iclab.core.kernels import inner_product_scores
+
+    g = torch.Generator().manual_seed(3)
+    s, t = torch.randn(4, 9, 5, generator=g, dtype=F64), torch.randn(4, 6, 5, generator=g, dtype=F64)
+    ref = inner_product_scores(name, s @ t.mT, sigma=sigma, logit_cap=cap, source_dim=-2)
+    assert torch.equal(gram(name, s, t, sigma=sigma, logit_cap=cap), ref)
+    if cap is None:  # a Kernel has no cap
+        assert torch.equal(Kernel(name, sigma=sigma, weight=0.3)(s, t), 0.3 * ref)
+    s.requires_grad_(True)
+    out = gram(name, s, t, sigma=sigma, logit_cap=cap)
+    assert torch.equal(out.detach(), ref)
+    (grad,) = torch.autograd.grad(out.sum(), s)
+    inner = (s @ t.mT).detach()
+    dscore = (inner > 0).to(F64) if name == "relu" else ref * (inner / sigma**2 < (cap if cap else math.inf)) / sigma**2
+    torch.testing.assert_close(grad, dscore @ t, rtol=1e-12, atol=1e-12)

@@ -47,6 +47,9 @@ CHENG2024_SPECTRUM = (1.0, 1.0, 0.25, 2.25, 1.0)
 """The spectrum D of Σ = UᵀDU in every experiment of Cheng, Chen, Sra 2024 (App. H.1), d = 5."""
 CODE_EXP_SIGMA = math.sqrt(2.0)
 """The authors' code's exp kernel is exp(⟨u, w⟩/2), i.e. σ = √2 here (the paper: σ = 1); docs/errata.md."""
+LABEL_PART = 4096
+"""Prompts per torch thread whose Gram matrices a draw without K₊ makes and factors at a time (16 MB at n = 30 in
+float32): :meth:`GaussianProcess.sample`."""
 
 
 def _covariance(owner: object, d: int, covariance: Tensor | None) -> Tensor:
@@ -170,19 +173,18 @@ class GaussianProcess:
         u = _whitened_points(batch, n + 1, self.d, self.covariates, self.n_clusters, generator, dtype)  # (B, n+1, d)
         x = u @ self._cache["sqrt"].to(dev, dtype)  # (B, n+1, d) rows x_i = Σ^{1/2} u_i
         kern = self.kernel_fn
-        K = kern(u, u)  # (B, n+1, n+1)
         task: dict[str, Tensor] = {}
         lin = self._linear_weights()
         if lin is not None:  # Ex. 6: y = √α ⟨θ, G u⟩, θ ~ N(0, I), covariance α uᵀGᵀG u = K exactly
             mapped = lin.map(u)  # (B, n+1, d')
             theta = torch.randn(batch, mapped.shape[-1], generator=generator, device=dev, dtype=dtype)
             y = math.sqrt(float(lin.weight)) * torch.einsum("btd,bd->bt", mapped, theta)  # (B, n+1)
-            K_plus: Tensor | None = K
+            K_plus: Tensor | None = kern(u, u) if with_K_plus else None  # (B, n+1, n+1)
             if lin.transform is None:
                 task["w"] = math.sqrt(float(lin.weight)) * theta @ self._cache["inv_sqrt"].to(dev, dtype)
         else:
             g = torch.randn(batch, n + 1, generator=generator, device=dev, dtype=dtype)  # (B, n+1)
-            y, K_plus = self._factor_sample(K, g, psd=kern.is_psd and self.method == "auto", with_abs=with_K_plus)
+            y, K_plus = self._labels(u, g, with_K_plus)
         if self.jitter > 0:
             y = y + math.sqrt(self.jitter) * torch.randn(batch, n + 1, generator=generator, device=dev, dtype=dtype)
         task.update(Sigma=self.Sigma.to(dev, dtype), Sigma_inv_sqrt=self._cache["inv_sqrt"].to(dev, dtype))
@@ -193,6 +195,22 @@ class GaussianProcess:
             )
         batched = tuple(k for k in ("K_plus", "w") if k in task)
         return Episode(x=x[:, :n], y=y[:, :n], x_query=x[:, n], y_query=y[:, n], task=task, batched=batched)
+
+    def _labels(self, u: Tensor, g: Tensor, with_K_plus: bool) -> tuple[Tensor, Tensor | None]:
+        """y = K₊^{1/2} g for the Gram matrices K = κ(u, u), and K₊ (None unless ``with_K_plus``). Without K₊ the
+        batch goes in parts of :data:`LABEL_PART` prompts per torch thread, each part's K made and factored before the
+        next: the same numbers (every prompt's K and y are its own), without a (B, n+1, n+1) tensor per operation
+        (115 MB each at 30 000 prompts of n = 30, float32, most of whose time on a CPU is the first touch of fresh
+        pages)."""
+        kern, psd = self.kernel_fn, self.kernel_fn.is_psd and self.method == "auto"
+        part = LABEL_PART * max(1, torch.get_num_threads())
+        if with_K_plus or u.shape[0] <= part:
+            return self._factor_sample(kern(u, u), g, psd=psd, with_abs=with_K_plus)
+        ys = [
+            self._factor_sample(kern(u[s : s + part], u[s : s + part]), g[s : s + part], psd=psd, with_abs=False)[0]
+            for s in range(0, u.shape[0], part)
+        ]
+        return torch.cat(ys), None
 
     @staticmethod
     def _factor_sample(K: Tensor, g: Tensor, *, psd: bool, with_abs: bool = True) -> tuple[Tensor, Tensor | None]:
