@@ -12,9 +12,9 @@ Claims:
 - softmax_merged_one_drop: every seed's softmax ATTN_M training loss drops exactly once.
 - softmax_separate_several_drops: every seed's softmax ATTN_S training loss drops at least twice.
 
-Time on 2 CPU cores: quick 3-20 s; paper ≈ 8.5 core-hours projected (6 seeds × 100 001 steps per model; the longest
-run ≈ 1.3 h; each run checkpoints, so ``--time-limit`` pieces continue it). One seed at P = 1000 / 2000 with
-60 001 / 100 001 steps passes 3/3.
+Time on 2 CPU cores: quick 3-20 s; paper 1.7 h with ``--workers 2`` (6 seeds × 100 001 steps per model, 3.4
+core-hours; the longest run ≈ 30 min; each run checkpoints, so ``--time-limit`` pieces continue it): 2/3, softmax ATTN_M
+drops twice in 3 of 6 seeds (docs/errata.md, Zhang et al. row 22).
 
 What did not match: the paper states Fig. 5's data and models ("the same as Figs 1 and 3") but not its epochs, and at
 those figures' epochs (6001 / 10 001) neither softmax model leaves its first plateau: the paper preset trains 10-16×
