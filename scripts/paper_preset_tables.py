@@ -193,11 +193,14 @@ def _write(data: dict[str, Any]) -> None:
     JSON.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
-def _run_provenance(run_dir: Path, threads: int | None) -> dict[str, Any]:
-    """The provenance of a run directory made on this machine from this checkout, recorded after the run: its date is
-    when the run wrote summary.json, its threads ``threads`` (the run's, not this process's); the load at recording
-    time says nothing of the run's and is left out."""
+def _run_provenance(run_dir: Path, threads: int | None, commit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The provenance of a run directory made on this machine, recorded after the run: its date is when the run wrote
+    summary.json, its threads ``threads`` (the run's, not this process's), its commit the one summary.json records
+    (``commit``: the code that ran, which may be a worktree's) or else this checkout's; the load at recording time says
+    nothing of the run's and is left out."""
     prov = provenance()
+    if commit is not None:
+        prov["commit"] = commit
     stamp = datetime.datetime.fromtimestamp((run_dir / "summary.json").stat().st_mtime, datetime.UTC)
     prov["date"] = stamp.isoformat(timespec="seconds")
     if threads is not None:
@@ -250,7 +253,11 @@ def record(
             entry[key] = summary[key]
     if conditions:
         entry["conditions"] = conditions
-    entry["provenance"] = prov if prov is not None else summary.get("provenance") or _run_provenance(run_dir, threads)
+    entry["provenance"] = (
+        prov
+        if prov is not None
+        else summary.get("provenance") or _run_provenance(run_dir, threads, summary.get("commit"))
+    )
     data = json.loads(JSON.read_text())
     target = data["experiments"].setdefault(name, {})
     if off:  # one entry per set of departures: a rerun of the same reduced budget replaces its entry

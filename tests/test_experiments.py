@@ -197,3 +197,18 @@ def test_force_retrains_every_run_rather_than_loading_its_checkpoint(
         assert torch.equal(new, getattr(fresh.results, key).loss)
         assert not torch.allclose(new, old)
     assert (forced.out_dir / "config.yaml").is_file() and (forced.out_dir / "summary.json").is_file()
+
+
+def test_summary_records_the_commit_that_made_the_results(tmp_path: Path) -> None:
+    """summary.json names the code that finished the run (``git_commit()``: a worktree's for a long run in pieces), and
+    a later command that reuses the results keeps the commit that made them."""
+    from iclab.core.io import read_json
+    from iclab.core.provenance import git_commit
+
+    first = run_experiment("ahn2023.theorem5", "smoke", out=tmp_path)
+    path = first.out_dir / "summary.json"
+    assert read_json(path)["commit"] == git_commit()
+    summary = read_json(path) | {"commit": {"sha": "0" * 40, "dirty": False}}
+    path.write_text(json.dumps(summary))
+    assert run_experiment("ahn2023.theorem5", "smoke", out=tmp_path).reused
+    assert read_json(path)["commit"] == {"sha": "0" * 40, "dirty": False}

@@ -180,12 +180,18 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     ]
 
     def run_dir(
-        tag: str, config: dict, pieces: int = 1, skipped: dict | None = None, retried: dict | None = None
+        tag: str,
+        config: dict,
+        pieces: int = 1,
+        skipped: dict | None = None,
+        retried: dict | None = None,
+        commit: dict | None = None,
     ) -> object:
         d = tmp_path / tag
         d.mkdir()
         summary = {"experiment": name, "preset": "paper", "seconds": 12.34} | ({"pieces": pieces} if pieces > 1 else {})
         summary |= ({"skipped_steps": skipped} if skipped else {}) | ({"retried": retried} if retried else {})
+        summary |= {"commit": commit} if commit else {}
         (d / "summary.json").write_text(json.dumps(summary))
         (d / "claims.json").write_text(json.dumps(claims))
         (d / "config.yaml").write_text(yaml.safe_dump({"experiment": name, "preset": "paper", "config": config}))
@@ -196,7 +202,10 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     reduced["seeds"] = 1
     reduced["train"]["steps"] = 100
     tables.record(run_dir("reduced", reduced), None, workers=2)
-    paper_dir = run_dir("paper", paper, pieces=3, skipped={"r1": [20, 3000]}, retried={"r2": [0.01, 1220, 0.005]})
+    worktree = {"sha": "1" * 40, "dirty": False}  # the code that ran, not this checkout
+    paper_dir = run_dir(
+        "paper", paper, pieces=3, skipped={"r1": [20, 3000]}, retried={"r2": [0.01, 1220, 0.005]}, commit=worktree
+    )
     tables.record(paper_dir, "note", conditions="beside a probe")
     tables.record(run_dir("reduced-again", reduced), "small")  # the same departures: replaces its entry
     entry = json.loads(store.read_text())["experiments"][name]
@@ -206,6 +215,7 @@ def test_record_labels_a_reduced_budget_and_keeps_the_paper_run(tmp_path, monkey
     assert (red["claims"], red["passed"], red["failed"]) == (2, 1, ["b"]) and "workers" not in red
     run = entry["run"]
     assert "overrides" not in run and run["conditions"] == "beside a probe" and entry["note"] == "note"
+    assert run["provenance"]["commit"] == worktree and red["provenance"]["commit"] != worktree
     for r in (red, run):
         assert set(r["provenance"]) >= {"date", "commit", "machine", "python", "torch", "device"}
         assert r["provenance"]["machine"]["threads"] >= 1 and r["provenance"]["load"] is None

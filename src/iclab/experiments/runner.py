@@ -40,6 +40,7 @@ from iclab.core.io import (
     read_json,
     safe_torch_load,
 )
+from iclab.core.provenance import git_commit
 from iclab.core.safe_parse import is_finite_number
 from iclab.experiments.backends import Backend, RayBackend
 from iclab.experiments.registry import (
@@ -235,7 +236,9 @@ def _run_locked(
     seconds, pieces = time.perf_counter() - t0, 1
     skipped: dict[str, tuple[int, int]] = {}
     retried: dict[str, tuple[float, int, float]] = {}
+    commit = git_commit()  # the code that finished the run (a worktree's, for a long run in pieces)
     if reused:  # a damaged summary only loses the first run's time
+        commit = stored_commit(run_dir)
         seconds, pieces, skipped, retried = stored_summary(run_dir, seconds)
     else:  # an experiment stopped on a deadline and continued: the time of every piece
         earlier = pieces_seconds(run_dir)
@@ -251,6 +254,7 @@ def _run_locked(
             "seconds": seconds,
             "passed": all(c.passed for c in claims if c.checked),
             "figures": [f.name for f in figures],
+            "commit": commit,
         }
         | ({"pieces": pieces} if pieces > 1 else {})
         | ({"skipped_steps": {k: list(v) for k, v in skipped.items()}} if skipped else {})
@@ -362,6 +366,17 @@ def pieces_seconds(run_dir: Path) -> list[float]:
     dest = quarantine(path)
     log.warning("damaged %s: %s; moved to %s, the time of its pieces is not counted", path, reason, dest.name)
     return []
+
+
+def stored_commit(run_dir: Path) -> dict[str, Any] | None:
+    """The commit that ``summary.json`` records as the code that made the results (``{"sha": str, "dirty": ...}``), or
+    None where it records none or is damaged (:func:`stored_summary` says so and sets it aside)."""
+    try:
+        summary = read_json(run_dir / "summary.json")
+    except (CorruptFileError, OSError):
+        return None
+    commit = summary.get("commit") if isinstance(summary, dict) else None
+    return commit if isinstance(commit, dict) and isinstance(commit.get("sha"), str) else None
 
 
 def stored_summary(
