@@ -26,7 +26,8 @@ from iclab.core.errors import ConfigError, CorruptFileError, DivergenceError, Ou
 from iclab.core.io import atomic_torch_save, safe_torch_load
 from iclab.core.memory import check_fits
 from iclab.core.seeding import generator
-from iclab.experiments.runner import RunLockedError, run_experiment, run_lock
+from iclab.experiments.locks import RunLockedError, run_lock
+from iclab.experiments.runner import run_experiment
 from iclab.models import LinearTransformer, LinearTransformerConfig
 from iclab.tasks import LinearRegression
 from iclab.training import TrainConfig, train

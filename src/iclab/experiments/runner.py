@@ -14,9 +14,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
-import os
 import shutil
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -24,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import filelock
 import torch
 import yaml
 from rich.progress import Progress
@@ -43,6 +40,7 @@ from iclab.core.io import (
 from iclab.core.provenance import git_commit
 from iclab.core.safe_parse import is_finite_number
 from iclab.experiments.backends import Backend, RayBackend
+from iclab.experiments.locks import run_lock
 from iclab.experiments.registry import (
     CARD_PACKAGES,
     PRESETS,
@@ -480,30 +478,3 @@ def results_types() -> list[type]:
         for obj in vars(mod).values()
         if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == mod_name
     ]
-
-
-class RunLockedError(IclabError):
-    """Another process holds the run directory's lock (``wait=False``)."""
-
-
-@contextlib.contextmanager
-def run_lock(run_dir: Path, *, wait: bool = True) -> Iterator[None]:
-    """Hold ``run_dir/.lock`` (one writer per run directory); ``run_dir/lock.json`` says who holds it."""
-    lock = filelock.FileLock(run_dir / ".lock")
-    owner = run_dir / "lock.json"
-    try:
-        lock.acquire(timeout=-1 if wait else 0, poll_interval=0.2)
-    except filelock.Timeout:
-        holder = "another process"
-        with contextlib.suppress(CorruptFileError):
-            info = read_json(owner)
-            holder = f"process {info.get('pid')} on {info.get('host')} (since {info.get('since')})"
-        raise RunLockedError(f"{run_dir} is being written by {holder}; wait for it, or drop --no-wait") from None
-    try:
-        atomic_write_json(
-            owner, {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        )
-        yield
-    finally:
-        owner.unlink(missing_ok=True)
-        lock.release()

@@ -171,7 +171,7 @@ def run_sweep(
     (:mod:`iclab.training.stop`: ``--time-limit``, SIGTERM, SIGUSR1, SIGINT) raises
     :class:`~iclab.training.stop.Stopped` once its running points have checkpointed, and writes no table.
     """
-    from iclab.experiments.runner import run_lock
+    from iclab.experiments.locks import run_lock
 
     spec = spec if isinstance(spec, SweepSpec) else load_sweep_spec(spec)
     backend = backend or LocalBackend()
