@@ -87,10 +87,10 @@ def gram(
         inner = sources @ targets.transpose(-1, -2)  # (…, m, k)
         if kernel == "arccos":
             out = _arccos1(inner, sources.norm(dim=-1).unsqueeze(-1) * targets.norm(dim=-1).unsqueeze(-2))
-        elif kernel in ("relu", "exp") and not inner.requires_grad:
-            out = _scores_in_place(kernel, inner, sigma, logit_cap)
-        else:
-            out = inner_product_scores(kernel, inner, sigma=sigma, logit_cap=logit_cap, source_dim=-2)
+        else:  # inner is fresh: without autograd its scores go in place
+            out = inner_product_scores(
+                kernel, inner, sigma=sigma, logit_cap=logit_cap, source_dim=-2, in_place=not inner.requires_grad
+            )
     elif kernel == "rbf":
         # ‖s − t‖² = ‖s‖² + ‖t‖² − 2 sᵀt: one batched matmul, no (…, m, k, d) difference tensor
         sq = sources.pow(2).sum(-1).unsqueeze(-1) + targets.pow(2).sum(-1).unsqueeze(-2)
@@ -105,32 +105,34 @@ def gram(
 
 
 def inner_product_scores(
-    kernel: str, inner: Tensor, *, sigma: float = 1.0, logit_cap: float | None = None, source_dim: int = -1
+    kernel: str,
+    inner: Tensor,
+    *,
+    sigma: float = 1.0,
+    logit_cap: float | None = None,
+    source_dim: int = -1,
+    in_place: bool = False,
 ) -> Tensor:
     """κ from the inner products sᵀt alone, for the kernels of :data:`INNER_PRODUCT_KERNELS`: sᵀt (linear),
     relu(sᵀt), exp(min(sᵀt/σ², cap)), and softmax(sᵀt/σ²) normalised over the sources, the axis ``source_dim``
     of ``inner``. :func:`gram` and the attention update (:func:`iclab.models.attention_core.attention_update`),
-    which forms its inner products in its own layout, both score through this one function."""
+    which forms its inner products in its own layout, both score through this one function.
+
+    ``in_place``: relu and exp write over ``inner`` (a fresh tensor that nothing else reads, no autograd): the same
+    operations and bits without a new tensor per operation (115 MB each at Cheng et al.'s 30 000 prompts of n = 30 in
+    float32, where most of an elementwise pass's time on a CPU is the first touch of fresh pages)."""
     if kernel == "linear":
         return inner
     if kernel == "relu":
-        return torch.relu(inner)
-    logits = inner if sigma == 1.0 else inner / sigma**2
+        return inner.relu_() if in_place else torch.relu(inner)
+    in_place = in_place and kernel == "exp"
+    logits = inner if sigma == 1.0 else inner.div_(sigma**2) if in_place else inner / sigma**2
     if kernel == "exp":
-        return torch.exp(logits if logit_cap is None else logits.clamp(max=logit_cap))
+        if logit_cap is not None:
+            logits = logits.clamp_(max=logit_cap) if in_place else logits.clamp(max=logit_cap)
+        return logits.exp_() if in_place else torch.exp(logits)
     require("inner_product_scores", "kernel", kernel == "softmax", f"one of {INNER_PRODUCT_KERNELS}", kernel)
     return torch.softmax(logits, dim=source_dim)
-
-
-def _scores_in_place(kernel: str, inner: Tensor, sigma: float, logit_cap: float | None) -> Tensor:
-    """:func:`inner_product_scores` of relu or exp written over ``inner`` (no autograd): the same operations, the same
-    bits, without a new (…, m, k) tensor per operation (at Cheng et al.'s 30 000 prompts of n = 30, float32, each is
-    115 MB, and on a CPU most of such an elementwise pass's time is the first touch of fresh pages)."""
-    if kernel == "relu":
-        return inner.relu_()
-    if sigma != 1.0:
-        inner.div_(sigma**2)
-    return (inner if logit_cap is None else inner.clamp_(max=logit_cap)).exp_()
 
 
 def _arccos1(inner: Tensor, norms: Tensor) -> Tensor:

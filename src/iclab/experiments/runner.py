@@ -234,9 +234,9 @@ def _run_locked(
     seconds, pieces = time.perf_counter() - t0, 1
     skipped: dict[str, tuple[int, int]] = {}
     retried: dict[str, tuple[float, int, float]] = {}
-    commit = git_commit()  # the code that finished the run (a worktree's, for a long run in pieces)
+    # the code that made the results: a reused result keeps its commit; a run in pieces names the last piece's code
+    commit = stored_commit(run_dir) if reused else git_commit()
     if reused:  # a damaged summary only loses the first run's time
-        commit = stored_commit(run_dir)
         seconds, pieces, skipped, retried = stored_summary(run_dir, seconds)
     else:  # an experiment stopped on a deadline and continued: the time of every piece
         earlier = pieces_seconds(run_dir)
