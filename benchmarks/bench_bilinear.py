@@ -18,6 +18,13 @@ yardsticks measured in the same run:
 
 Also the sampling time of a batch. Writes benchmarks/results/bench-bilinear-<device>.json with the measurement's
 provenance (``iclab.core.provenance``); docs/performance.md's tables are generated from it.
+
+    python benchmarks/bench_bilinear.py cpu --linear [--repeats 5]
+
+times the linear transformer of ``sun2025.linear_depth`` instead (``ffn="none"``, d = 3, d̄ = 12, n = 200, batch
+4000; L = 1, 3, 6, 12 attention layers): the C kernel's moment form (G_{l+1} = R_l G_l R_lᵀ, q_{l+1} = R_l q_l from
+the episode's moments, no prompt) against the fused pass by its torch code (every token through every layer),
+alternated; writes bench-linear-transformer-<device>.json.
 """
 
 from __future__ import annotations
@@ -141,15 +148,56 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
     }
 
 
+def bench_linear(device: str = "cpu", *, batch: int = 4000, n: int = 200, depths: tuple[int, ...] = (1, 3, 6, 12), repeats: int = 5) -> dict[str, object]:  # fmt: skip
+    """ms per Adam step of the ``sun2025.linear_depth`` model at every depth: the moment form (``model(episode)``, its
+    C kernel) and the fused pass by its torch code (``NATIVE = False``: the tokens through every layer)."""
+    dev = resolve_device(device)
+    task = tasks.quadratic(3)
+    ep = task.sample(batch, n, generator=generator(1, dev))
+    assert ep.y_query is not None
+    out: dict[str, object] = {"batch": batch, "n": n}
+    for L in depths:
+        cfg = models.BilinearTransformerConfig(d=3, d_bar=12, n_blocks=L, ffn="none", init_std=0.02)
+        model = models.BilinearTransformer(cfg, generator=generator(0)).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        params = list(model.parameters())
+
+        def step(native: bool, model: models.BilinearTransformer = model, opt: torch.optim.Optimizer = opt,
+                 params: list[torch.nn.Parameter] = params) -> Callable[[], None]:  # fmt: skip
+            def run() -> None:
+                saved, _bilinear_fast.NATIVE = _bilinear_fast.NATIVE, native and _bilinear_fast.NATIVE
+                try:
+                    opt.zero_grad(set_to_none=True)
+                    (model(ep) - ep.y_query).square().mean().backward()
+                    clip_gradients(params, 1.0, "global")
+                    opt.step()
+                finally:
+                    _bilinear_fast.NATIVE = saved
+
+            return run
+
+        sec = alternate({"moment": step(True), "torch": step(False)}, device=dev, rounds=repeats)
+        out[f"L{L}"] = {
+            "moment_ms_per_step": round(sec["moment"] * 1e3, 2),
+            "torch_fused_ms_per_step": round(sec["torch"] * 1e3, 1),
+            "speedup": round(sec["torch"] / sec["moment"], 1),
+        }
+    out["data_ms"] = round(timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1) * 1e3, 1)  # fmt: skip
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("device", nargs="?", default="cpu")
     ap.add_argument("--batch", type=int, default=4000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-tune-allocator", action="store_true", help="leave glibc malloc at its defaults")
+    ap.add_argument("--linear", action="store_true", help="the linear transformer of sun2025.linear_depth instead")
     a = ap.parse_args()
     tuned = not a.no_tune_allocator and tune_cpu_allocator()
     prov = provenance(resolve_device(a.device))
-    out = {"provenance": prov, **bench(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}
+    run = bench_linear if a.linear else bench
+    out = {"provenance": prov, **run(a.device, batch=a.batch, repeats=a.repeats), "allocator_tuned": tuned}
     print(json.dumps(out, indent=2))
-    atomic_write_json(Path(__file__).parent / "results" / f"bench-bilinear-{resolve_device(a.device).type}.json", out)
+    name = "bench-linear-transformer" if a.linear else "bench-bilinear"
+    atomic_write_json(Path(__file__).parent / "results" / f"{name}-{resolve_device(a.device).type}.json", out)

@@ -55,7 +55,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.core.private_torch import is_transformed
 from iclab.core.threads import map_on_threads
-from iclab.models._bilinear_fast import bilinear_stack, native_embed
+from iclab.models._bilinear_fast import bilinear_stack, moment_stack, native_embed, native_moments
 from iclab.models.attention_core import moment_layer
 from iclab.models.linear_attention import LinearAttention
 
@@ -406,28 +406,51 @@ class BilinearTransformer(nn.Module):
         if z0 is None or z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
             _, states = self._run(episode, keep=True)
             return torch.stack([-s[:, -1, -1] for s in states[::per]])
-        layers = [
+        layers, m0 = self._fused_layers(), self._moments(episode)
+        s, live = self.config.label_scale, self.config.d + 1
+        first = -z0[:, -1, -1] * s  # ℓ = 0: the query's label entry, 0
+        rest = [
+            bilinear_stack(z0, layers[: per * ell], n=episode.n, live=live)
+            if m0 is None
+            else moment_stack(m0, layers[:ell], n=episode.n, live=live)
+            for ell in range(1, self.config.n_blocks + 1)
+        ]
+        return torch.stack([first, *(-r * s for r in rest)])
+
+    def _fused_layers(self) -> list[tuple[str, Tensor, Tensor]]:
+        """The sub-layers as the fused pass takes them: ("ffn", W_0, W_1) or ("attn", P, Q)."""
+        return [
             ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
             for layer in self.sublayers()
         ]
-        s = self.config.label_scale
-        first = -z0[:, -1, -1] * s  # ℓ = 0: the query's label entry, 0
-        rest = [bilinear_stack(z0, layers[: per * ell], n=episode.n, live=self.config.d + 1) for ell in range(1, self.config.n_blocks + 1)]  # fmt: skip
-        return torch.stack([first, *(-r * s for r in rest)])
+
+    def _moments(self, episode: Episode) -> Tensor | None:
+        """For the linear transformer (``ffn="none"``) on a CPU episode without autograd, outside ``torch.func``
+        transforms: the prompt's moments G_0, q_0 (:func:`~iclab.models._bilinear_fast.native_moments`), all its
+        attention-only stack reads; None elsewhere (and where the C kernel is not built)."""
+        x, xq, y = episode.x, episode.x_query, episode.y
+        if self.ffn or y is None or any(t.requires_grad for t in (x, xq, y)):
+            return None
+        if is_transformed(x, xq, y, x.view_as(x), *self.parameters()):
+            return None
+        inv = float(torch.tensor(1.0 / self.config.label_scale, dtype=x.dtype))  # 1/s rounded, as embed_scratch
+        return native_moments(x, xq, y, self.config.d_bar, inv)
 
     def forward(self, episode: Episode) -> Tensor:
         """+ŷ (B,). On a CPU the whole stack is one autograd node over chunks of prompts with a hand-written backward
         (:mod:`iclab.models._bilinear_fast`; the same numbers as :meth:`forward_tokens`, not differentiable twice);
         under ``torch.func`` transforms, on other devices and for a prompt that needs a gradient, :meth:`forward_tokens`."""
         self._check(episode)
+        m0 = self._moments(episode)
+        if m0 is not None:  # the linear transformer: its moment form reads G_0 and q_0 alone
+            slot = moment_stack(m0, self._fused_layers(), n=episode.n, live=self.config.d + 1)
+            return -slot * self.config.label_scale
         z0 = self._prompt(episode)
         if z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
             return self.forward_tokens(episode)
-        weights = [
-            ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
-            for layer in self.sublayers()
-        ]
-        slot = bilinear_stack(z0, weights, n=episode.n, live=self.config.d + 1)  # z′_L[query, label], z′ = SZ
+        slot = bilinear_stack(
+            z0, self._fused_layers(), n=episode.n, live=self.config.d + 1
+        )  # z′_L[query, label], z′ = SZ
         return -slot * self.config.label_scale  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
 
     def forward_tokens(self, episode: Episode) -> Tensor:
