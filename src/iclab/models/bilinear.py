@@ -38,6 +38,8 @@ blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
 Training path: on a CPU, ``forward`` runs the stack as one autograd node over chunks of prompts, batch-last, with a
 hand-written backward (:mod:`iclab.models._bilinear_fast`, exact against :meth:`BilinearTransformer.forward_tokens`
 to 1e-10 in float64; docs/performance.md, Sun et al. 2025); ``forward_tokens`` is the sub-layer-by-sub-layer reference.
+With ``ffn="none"`` the C kernel runs the stack in its moment form from the prompt's Gram matrix and query alone
+(:func:`~iclab.models._bilinear_fast.moment_stack`; the prompt itself is never written).
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ Claims (Prop. 1):
   ``tol.gap_tol``, L₁*(n) the exact best one-layer (5)-sparse LSA: the runs are trained, so the floor check is not
   passed by an untrained model.
 
-Time on 2 CPU cores: quick 56 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 14.6 core-hours (4 depths ×
-5 seeds × 20 000 steps × 4000 prompts; the longest run 1.3 h), ≈ 1.3 h on 20 Ray workers.
+Time on 2 CPU cores: quick 7 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 2.9 core-hours (4 depths ×
+5 seeds × 20 000 steps × 4000 prompts; the longest run 18 min), ≈ 1.5 h with ``--workers 2``: the linear transformer
+trains in its moment form (:mod:`iclab.models._bilinear_fast`).
 
 What did not match: deep linear TFs diverge at the quick preset's lr 1e-2 and at ε = 1e-8 (hence lr 3e-3, ε = 1e-3 at
 quick); 700 steps leave L = 1 short of L₁*(50) (gap_tol 1.5 at quick, 0 at paper). See docs/papers/sun2025.md
