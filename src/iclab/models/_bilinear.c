@@ -220,8 +220,8 @@ static void NAME(apply)(const vec *X, vec *Y, int T, const vec *R) {
     }
 }
 
-/* The scratch of a call: L planes (the sub-layers' inputs) and one for the output gradient, L G's and R's, 4 DIM x DIM
-   products, the FFN tile and ``extra`` vectors. */
+/* The scratch of a call: L planes (the sub-layers' inputs) and one for the output gradient, L G's and R's, L queries
+   (the moment form's), 5 DIM x DIM products, the FFN tile and ``extra`` vectors. */
 typedef struct {
     vec *buf, *Xs, *Gt, *Gs, *Rs, *qs, *dR, *S, *M, *N, *V, *Dab, *extra;
     size_t plane;
