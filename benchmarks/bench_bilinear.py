@@ -22,9 +22,9 @@ provenance (``iclab.core.provenance``); docs/performance.md's tables are generat
     python benchmarks/bench_bilinear.py cpu --linear [--repeats 5]
 
 times the linear transformer of ``sun2025.linear_depth`` instead (``ffn="none"``, d = 3, d̄ = 12, n = 200, batch
-4000; L = 1, 3, 6, 12 attention layers): the C kernel's moment form (G_{l+1} = R_l G_l R_lᵀ, q_{l+1} = R_l q_l from
-the episode's moments, no prompt) against the fused pass by its torch code (every token through every layer),
-alternated; writes bench-linear-transformer-<device>.json.
+4000; L = 1, 3, 6, 12 attention layers): its moment form (the prompt's Gram matrix and query row through the layers,
+:mod:`iclab.models._moment_fast`) by the C kernel and by torch, against the token pass, alternated; writes
+bench-linear-transformer-<device>.json.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from iclab.core.devices import resolve_device, tune_cpu_allocator
 from iclab.core.io import atomic_write_json
 from iclab.core.provenance import provenance
 from iclab.core.seeding import generator
-from iclab.models import _bilinear_fast
+from iclab.models import _bilinear_fast, _moment_fast
 from iclab.models._bilinear_fast import CHUNK
 from iclab.training.optim import clip_gradients
 
@@ -149,8 +149,9 @@ def bench(device: str = "cpu", *, batch: int = 4000, n: int = 200, n_blocks: int
 
 
 def bench_linear(device: str = "cpu", *, batch: int = 4000, n: int = 200, depths: tuple[int, ...] = (1, 3, 6, 12), repeats: int = 5) -> dict[str, object]:  # fmt: skip
-    """ms per Adam step of the ``sun2025.linear_depth`` model at every depth: the moment form (``model(episode)``, its
-    C kernel) and the fused pass by its torch code (``NATIVE = False``: the tokens through every layer)."""
+    """ms per Adam step of the ``sun2025.linear_depth`` model at every depth, alternated: its moment form by the C
+    kernel of :mod:`iclab.models._moment_fast` (``model(episode)``), the same form by its torch code
+    (``_moment_fast.NATIVE = False``) and the token pass (``model.forward_tokens``: every layer on every token)."""
     dev = resolve_device(device)
     task = tasks.quadratic(3)
     ep = task.sample(batch, n, generator=generator(1, dev))
@@ -162,25 +163,27 @@ def bench_linear(device: str = "cpu", *, batch: int = 4000, n: int = 200, depths
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         params = list(model.parameters())
 
-        def step(native: bool, model: models.BilinearTransformer = model, opt: torch.optim.Optimizer = opt,
+        def step(predict: Callable[[], torch.Tensor], native: bool = True, opt: torch.optim.Optimizer = opt,
                  params: list[torch.nn.Parameter] = params) -> Callable[[], None]:  # fmt: skip
             def run() -> None:
-                saved, _bilinear_fast.NATIVE = _bilinear_fast.NATIVE, native and _bilinear_fast.NATIVE
+                saved, _moment_fast.NATIVE = _moment_fast.NATIVE, native and _moment_fast.NATIVE
                 try:
                     opt.zero_grad(set_to_none=True)
-                    (model(ep) - ep.y_query).square().mean().backward()
+                    (predict() - ep.y_query).square().mean().backward()
                     clip_gradients(params, 1.0, "global")
                     opt.step()
                 finally:
-                    _bilinear_fast.NATIVE = saved
+                    _moment_fast.NATIVE = saved
 
             return run
 
-        sec = alternate({"moment": step(True), "torch": step(False)}, device=dev, rounds=repeats)
+        runs = {"c": step(lambda m=model: m(ep)), "torch": step(lambda m=model: m(ep), native=False),
+                "tokens": step(lambda m=model: m.forward_tokens(ep))}  # fmt: skip
+        sec = alternate(runs, device=dev, rounds=repeats)
         out[f"L{L}"] = {
-            "moment_ms_per_step": round(sec["moment"] * 1e3, 2),
-            "torch_fused_ms_per_step": round(sec["torch"] * 1e3, 1),
-            "speedup": round(sec["torch"] / sec["moment"], 1),
+            "moment_ms_per_step": round(sec["c"] * 1e3, 2),
+            "moment_torch_ms_per_step": round(sec["torch"] * 1e3, 1),
+            "token_ms_per_step": round(sec["tokens"] * 1e3, 1),
         }
     out["data_ms"] = round(timeit(lambda: task.sample(batch, n, generator=generator(2, dev)), device=dev, repeats=repeats, warmup=1) * 1e3, 1)  # fmt: skip
     return out

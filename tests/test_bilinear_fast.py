@@ -94,53 +94,6 @@ def test_fast_path_with_heads_and_label_scale(heads: int, label_scale: float, pa
     _check(model, tasks.quadratic(2).sample(70, 6, generator=iclab.generator(3), dtype=F64))  # 3 chunks, ragged
 
 
-@pytest.mark.parametrize("heads, label_scale, blocks", [(1, 1.0, 1), (2, 2.5, 5), (3, 0.7, 2)])
-def test_linear_transformer_moment_form(heads: int, label_scale: float, blocks: int, path: str) -> None:
-    """``ffn="none"``: the C kernel runs the stack on G_0 and q_0 alone (G_{l+1} = R_l G_l R_lᵀ, q_{l+1} = R_l q_l);
-    values and gradients equal the token computation, over ragged lane groups and several heads."""
-    cfg = models.BilinearTransformerConfig(
-        d=2, d_bar=6, n_blocks=blocks, init_std=0.4, n_heads=heads, label_scale=label_scale, ffn="none"
-    )
-    model = models.BilinearTransformer(cfg, generator=iclab.generator(9)).to(F64)
-    ep = tasks.quadratic(2).sample(70, 6, generator=iclab.generator(10), dtype=F64)
-    _check(model, ep)
-    fused, tokens = model.block_predictions(ep, fused=True), model.block_predictions(ep)
-    assert _rel(fused, tokens) < RTOL
-
-
-def test_moments_are_the_prompts_gram_matrix_and_query() -> None:
-    """native_moments' rows: G_0 = Σ_{t<n} z_t z_tᵀ and q_0 = z_n of embed_scratch's prompt z (label scaled)."""
-    if native_kernels.compiler() is None:
-        pytest.skip("the C kernel cannot be built here")
-    ep = tasks.quadratic(3).sample(21, 9, generator=iclab.generator(11), dtype=F64)
-    z = models.bilinear.embed_scratch(ep, 7, label_scale=1.7)
-    inv = float(torch.tensor(1 / 1.7, dtype=F64))
-    m0 = _bilinear_fast.native_moments(ep.x, ep.x_query, ep.y, 7, inv)
-    assert m0 is not None and m0.shape == (21, 8 * 8 + 8)
-    G = z[:, :-1].transpose(1, 2) @ z[:, :-1]
-    assert _rel(m0[:, :64].view(21, 8, 8), G) < 1e-14
-    assert torch.equal(m0[:, 64:], z[:, -1])
-
-
-def test_linear_transformer_never_writes_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where the kernel is built, a linear transformer's forward, backward and sub-network read-outs go through its
-    moments; the (B, n+1, D) prompt is not made."""
-    if native_kernels.compiler() is None:
-        pytest.skip("the C kernel cannot be built here")
-    model = models.BilinearTransformer(models.BilinearTransformerConfig(d=3, d_bar=8, n_blocks=3, ffn="none"))
-    ep = tasks.quadratic(3).sample(40, 12, generator=iclab.generator(12))
-
-    def refuse(*_: object) -> None:
-        raise AssertionError("the prompt was made")
-
-    monkeypatch.setattr(models.BilinearTransformer, "forward_tokens", refuse)
-    monkeypatch.setattr(_bilinear_fast, "bilinear_stack", refuse)
-    monkeypatch.setattr(models.bilinear, "bilinear_stack", refuse)
-    model(ep).square().sum().backward()
-    with torch.no_grad():
-        model(ep)
-
-
 def test_fast_path_is_taken_on_cpu_and_needs_no_token_pass(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     model = models.BilinearTransformer(models.BilinearTransformerConfig(d=3, d_bar=8, init_std=0.3)).to(F64)
     ep = tasks.quadratic(3).sample(9, 7, generator=iclab.generator(4), dtype=F64)
@@ -157,10 +110,9 @@ def test_fast_path_is_taken_on_cpu_and_needs_no_token_pass(path: str, monkeypatc
         assert _rel(model(ep), want) < RTOL
 
 
-@pytest.mark.parametrize("ffn", ["dense", "none"])
-def test_fast_path_does_not_depend_on_the_thread_count(ffn: str, path: str) -> None:
+def test_fast_path_does_not_depend_on_the_thread_count(path: str) -> None:
     """Chunks run on torch's threads; their gradient sums are added in chunk order, so 1 and 2 threads agree bit for bit."""
-    model = models.BilinearTransformer(models.BilinearTransformerConfig(d=3, d_bar=8, init_std=0.3, ffn=ffn))  # type: ignore[arg-type]
+    model = models.BilinearTransformer(models.BilinearTransformerConfig(d=3, d_bar=8, init_std=0.3))
     ep = tasks.quadratic(3).sample(200, 9, generator=iclab.generator(5))
     out = []
     threads = torch.get_num_threads()
@@ -185,15 +137,13 @@ def test_the_c_kernel_is_built_where_a_compiler_is() -> None:
     assert lib.bl_lanes_f32() in (8, 16) and lib.bl_lanes_f64() == lib.bl_lanes_f32() // 2
 
 
-@pytest.mark.parametrize("order, ffn", [("ffn_first", "dense"), ("attention_first", "dense"), ("ffn_first", "none")])
-def test_c_kernel_float32_is_as_accurate_as_the_torch_float32_pass(
-    order: str, ffn: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.mark.parametrize("order", ["ffn_first", "attention_first"])
+def test_c_kernel_float32_is_as_accurate_as_the_torch_float32_pass(order: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The float32 instance (45 prompts: ragged lane groups) against the float64 token pass: its error is at most 5x
-    that of the torch code's float32 pass, with a floor of 1e-5 (the linear transformer: its moment form)."""
+    that of the torch code's float32 pass, with a floor of 1e-5."""
     if native_kernels.compiler() is None:
         pytest.skip("the C kernel cannot be built here")
-    cfg = models.BilinearTransformerConfig(d=3, d_bar=8, n_blocks=3, init_std=0.1, order=order, ffn=ffn)  # type: ignore[arg-type]
+    cfg = models.BilinearTransformerConfig(d=3, d_bar=8, n_blocks=3, init_std=0.1, order=order)  # type: ignore[arg-type]
     model = models.BilinearTransformer(cfg, generator=iclab.generator(6)).to(F64)
     ep = tasks.quadratic(3).sample(45, 40, generator=iclab.generator(7), dtype=F64)
 

@@ -1,7 +1,8 @@
 """The C kernel of the linear transformer's moment form (models._moment_fast) against the token-level computation.
 
 The reference is :meth:`LinearTransformer.forward_tokens`: every layer on the (B, n+1, D) prompt, eq. (3)-(4) of
-Ahn et al. 2023, with plain autograd. Float64, the prediction and every parameter gradient to 1e-10 relative
+Ahn et al. 2023, with plain autograd; for Sun et al.'s linear transformer (``BilinearTransformer(ffn="none")``, the
+same layers on [1; x; 0; y]) its own ``forward_tokens``. Float64, the prediction and every parameter gradient to 1e-10 relative
 (max-norm), for each parameter pattern, L ∈ {1, 3, 4} and batches that are not a multiple of the vector width.
 """
 
@@ -12,8 +13,11 @@ import torch
 
 from iclab.core import native as native_kernels
 from iclab.models import _moment_fast
+from iclab.models import bilinear
 from iclab.models.attention_core import context_moments, embed
+from iclab.models.bilinear import BilinearTransformer, BilinearTransformerConfig, embed_scratch, prompt_moments
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
+from iclab.tasks import quadratic
 from iclab.tasks.linear_regression import LinearRegression
 
 RTOL = 1e-10
@@ -133,3 +137,84 @@ def test_gradient_wrt_the_prompt_runs_the_torch_code() -> None:
     model = _model()
     gram, q = context_moments(ep)
     assert not _moment_fast.applies(gram.requires_grad_(), q, model.P, model.Q)
+
+
+# --- Sun et al.'s linear transformer (BilinearTransformer, ffn="none"): the same moment form on [1; x; 0; y/s] ---
+
+
+def _sun(blocks: int, heads: int = 1, label_scale: float = 1.0) -> BilinearTransformer:
+    cfg = BilinearTransformerConfig(
+        d=2, d_bar=6, n_blocks=blocks, init_std=0.4, n_heads=heads, label_scale=label_scale, ffn="none"
+    )
+    return BilinearTransformer(cfg, generator=torch.Generator().manual_seed(9)).to(torch.float64)
+
+
+@pytest.mark.parametrize("blocks, heads, label_scale", [(1, 1, 1.0), (5, 2, 2.5), (2, 3, 0.7)])
+def test_sun_linear_transformer_matches_the_token_pass(path: str, blocks: int, heads: int, label_scale: float) -> None:
+    """``BilinearTransformer(ffn="none")`` carries the Gram matrix and query row of its own prompt [1; x; 0; y/s]
+    through the layers (prompt_moments, then the C kernel or moment_labels): values, every gradient and the ℓ-block
+    read-outs equal the token pass (``forward_tokens``, ``trace``) in float64, over ragged lane groups."""
+    model = _sun(blocks, heads, label_scale)
+    ep = quadratic(2).sample(70, 6, generator=torch.Generator().manual_seed(10), dtype=torch.float64)
+    gram, q = model._moments(ep)
+    P, Q = torch.stack([a.P for a in model.attn]), torch.stack([a.Q for a in model.attn])
+    assert _moment_fast.applies(gram, q, P, Q) == (path != "torch")
+    _check_against_tokens(model, ep)
+    _, states = model.trace(ep)
+    assert _rel(model.block_predictions(ep, fused=True), -states[:, :, -1, -1]) < RTOL
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("label_scale", [1.0, 1.7])
+def test_sun_prompt_moments_match_the_prompt(path: str, dtype: torch.dtype, label_scale: float) -> None:
+    """prompt_moments (by the C kernel: no prompt formed) against Σ_{t<n} z_t z_tᵀ and z_n of embed_scratch's z."""
+    ep = quadratic(3).sample(21, 9, generator=torch.Generator().manual_seed(11), dtype=dtype)
+    gram, q = prompt_moments(ep, 7, label_scale)
+    z = embed_scratch(ep, 7, label_scale)
+    assert gram.shape == (8, 8, 21) and q.shape == (8, 21)
+    assert _rel(gram, torch.einsum("bni,bnj->ijb", z[:, :-1], z[:, :-1])) < (1e-14 if dtype == torch.float64 else 1e-6)
+    assert torch.equal(q, z[:, -1].T)
+
+
+def test_sun_linear_transformer_never_makes_its_prompt(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the kernel applies, forward, backward and the read-outs after each layer go through the moments."""
+    if path == "torch":
+        pytest.skip("the torch code forms the moments from the prompt")
+    model = BilinearTransformer(BilinearTransformerConfig(d=3, d_bar=8, n_blocks=3, ffn="none"))
+    ep = quadratic(3).sample(40, 12, generator=torch.Generator().manual_seed(12))
+
+    def refuse(*_: object, **__: object) -> None:
+        raise AssertionError("the prompt was made")
+
+    monkeypatch.setattr(bilinear, "embed_scratch", refuse)
+    monkeypatch.setattr(BilinearTransformer, "forward_tokens", refuse)
+    model(ep).square().sum().backward()
+    model.block_predictions(ep, fused=True)
+
+
+def test_sun_linear_transformer_is_differentiable_twice_and_under_transforms() -> None:
+    """A prompt that needs a gradient or a ``torch.func`` transform takes the torch moment form, which autograd
+    differentiates to any order: a Hessian-vector product and ``torch.func.grad`` equal the token pass's."""
+    model = _sun(3, heads=2, label_scale=1.3)
+    ep = quadratic(2).sample(9, 5, generator=torch.Generator().manual_seed(13), dtype=torch.float64)
+    params = dict(model.named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ep,)).square().sum())(params)
+    want = torch.autograd.grad(model.forward_tokens(ep).square().sum(), list(params.values()))
+    for g, w in zip(grads.values(), want, strict=True):
+        assert _rel(g, w) < RTOL
+    w0 = next(iter(params.values()))
+    (g,) = torch.autograd.grad(model(ep).square().sum(), [w0], create_graph=True)
+    (gt,) = torch.autograd.grad(model.forward_tokens(ep).square().sum(), [w0], create_graph=True)
+    hv, hv_ref = (torch.autograd.grad(x.sum(), [w0])[0] for x in (g, gt))
+    assert _rel(hv, hv_ref) < RTOL
+
+
+def test_linear_transformer_under_torch_func_grad() -> None:
+    """Inside ``torch.func.grad`` the moments come from the torch code (a tensor made there has no data pointer for
+    the C kernel): the gradient equals the token pass's."""
+    model, ep = _model(pattern="full", n_layers=2), _episode(11)
+    params = dict(model.named_parameters())
+    grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (ep,)).square().sum())(params)
+    want = torch.autograd.grad(model.forward_tokens(ep).square().sum(), list(params.values()))
+    for g, w in zip(grads.values(), want, strict=True):
+        assert _rel(g, w) < RTOL

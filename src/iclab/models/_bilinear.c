@@ -19,12 +19,6 @@
    prompt's d out / d(weights) (lanes, one row per group); bl_vjp_* is then the whole backward of the step: a product
    with the output gradient, no replay. bl_embed_* writes the prompt itself (eq. (1)) from the episode's x, x_q, y.
 
-   A stack of attention layers alone (the linear transformer, ffn = "none") runs in its moment form: every token of a
-   prompt moves by the same R_l, so G_{l+1} = R_l G_l R_lᵀ and the query q_{l+1} = R_l q_l, and a layer is a few
-   DIM x DIM products per prompt instead of passes over its T tokens (moment_forward, moment_backward). Its input is
-   then G_0 and q_0 alone: formed from the prompt, or read as given (``moments``: rows written by bl_moments_* from
-   the episode's x, x_q, y, so the prompt is never written).
-
    Denormals are flushed to zero inside the calls. DIM is a compile-time constant (-DDIM=13): every DIM-long loop is
    unrolled and its vectors stay in registers.
    LIVE (-DLIVE=d+1): a first FFN reads the prompt's first LIVE entries alone (the others are scratch zeros).
@@ -99,18 +93,20 @@ typedef real NAME(vec_t) __attribute__((vector_size(VBYTES), aligned(VBYTES)));
 
 /* ---- the group's tokens ------------------------------------------------------------------------------------ */
 
-/* Rows b0 … b0 + m − 1 of a (B, count) array into X (count vectors); lanes m … W − 1 are zero. A full group is
-   gathered, one vector per entry. */
-static void NAME(load_rows)(const real *a, long b0, int m, int count, vec *X) {
+/* z0 (B, T, DIM) rows b0 … b0 + m − 1 into X (T x DIM vectors); lanes m … W − 1 are zero. A full group is gathered,
+   one vector per entry. */
+static void NAME(load_group)(const real *z0, long b0, int m, int T, vec *X) {
     if (m == W) {
-        const real *p = a + b0 * (long)count;
+        const real *p = z0 + b0 * (long)T * DIM;
+        const int count = T * DIM;
         for (int i = 0; i < count; i++) X[i] = GATHER(p + i, LANE_INDEX(count));
         return;
     }
-    memset(X, 0, sizeof(vec) * (size_t)count);
+    memset(X, 0, sizeof(vec) * (size_t)T * DIM);
     for (int l = 0; l < m; l++) {
-        const real *p = a + (b0 + l) * (long)count;
-        for (int i = 0; i < count; i++) X[i][l] = p[i];
+        const real *p = z0 + (b0 + l) * (long)T * DIM;
+        for (int t = 0; t < T; t++)
+            for (int r = 0; r < DIM; r++) X[t * DIM + r][l] = p[t * DIM + r];
     }
 }
 
@@ -220,17 +216,16 @@ static void NAME(apply)(const vec *X, vec *Y, int T, const vec *R) {
     }
 }
 
-/* The scratch of a call: L planes (the sub-layers' inputs) and one for the output gradient, L G's and R's, L queries
-   (the moment form's), 5 DIM x DIM products, the FFN tile and ``extra`` vectors. */
+/* The scratch of a call: L planes (the sub-layers' inputs) and one for the output gradient, L G's and R's, 4 DIM x DIM
+   products, the FFN tile and ``extra`` vectors. */
 typedef struct {
-    vec *buf, *Xs, *Gt, *Gs, *Rs, *qs, *dR, *S, *M, *N, *V, *Dab, *extra;
+    vec *buf, *Xs, *Gt, *Gs, *Rs, *dR, *S, *M, *N, *Dab, *extra;
     size_t plane;
 } NAME(scratch_t);
 
 static int NAME(scratch)(NAME(scratch_t) *s, int n, int L, size_t extra) {
     const size_t plane = (size_t)(n + 1) * DIM, mat = DIM * DIM;
-    size_t count = (size_t)(L + 1) * plane + 2 * (size_t)L * mat + (size_t)L * DIM + 5 * mat + (size_t)TILE * 2 * DB +
-                   extra;
+    size_t count = (size_t)(L + 1) * plane + 2 * (size_t)L * mat + 4 * mat + (size_t)TILE * 2 * DB + extra;
     s->buf = aligned_alloc(VBYTES, sizeof(vec) * count);
     if (!s->buf) return 1;
     s->plane = plane;
@@ -238,75 +233,21 @@ static int NAME(scratch)(NAME(scratch_t) *s, int n, int L, size_t extra) {
     s->Gt = s->Xs + (size_t)L * plane;
     s->Gs = s->Gt + plane;
     s->Rs = s->Gs + (size_t)L * mat;
-    s->qs = s->Rs + (size_t)L * mat;
-    s->dR = s->qs + (size_t)L * DIM;
+    s->dR = s->Rs + (size_t)L * mat;
     s->S = s->dR + mat;
     s->M = s->S + mat;
     s->N = s->M + mat;
-    s->V = s->N + mat;
-    s->Dab = s->V + mat;
+    s->Dab = s->N + mat;
     s->extra = s->Dab + (size_t)TILE * 2 * DB;
     memset(s->extra, 0, sizeof(vec) * extra);
     return 0;
 }
 
-/* (R q)[label] for the query q (DIM vectors) */
-static vec NAME(read_out)(const vec *q, const vec *R) {
+static vec NAME(read_out)(const vec *X, int n, const vec *R) {
+    const vec *q = X + n * DIM;
     vec s = R[DB * DIM] * q[0];
     UNROLL for (int c = 1; c < DIM; c++) s += R[DB * DIM + c] * q[c];
     return s;
-}
-
-/* Whether every sub-layer is an attention layer (the linear transformer, ffn = "none") */
-static int NAME(attention_only)(int L, const int *kinds) {
-    for (int l = 0; l < L; l++)
-        if (kinds[l] == 0) return 0;
-    return 1;
-}
-
-/* An attention-only stack in its moment form. Every token of a prompt moves by the same R_l, so the context's Gram
-   matrix follows G_{l+1} = R_l G_l R_lᵀ and the query q_{l+1} = R_l q_l: the tokens are read once (G_0), and a layer
-   costs a few DIM x DIM products instead of passes over the T tokens. G_{l+1} is made symmetric (its upper triangle
-   mirrored), as gram makes G_0. G_0 and q_0 are in Gs and qs (load_input). ``keep``: G_l, R_l, q_l of every layer in
-   Gs, Rs, qs (else one of each). Returns the query's label entry after the last layer. */
-static vec NAME(moment_forward)(const NAME(scratch_t) *s, int n, int L, int H, const real *wts, const long *off,
-                                int keep) {
-    const int mat = DIM * DIM;
-    vec *G = s->Gs, *R = s->Rs, *q = s->qs, *M = s->M;
-    for (int l = 0;; l++) {
-        const real *w = wts + off[l];
-        NAME(transfer)(G, w, w + H * mat, H, n, R, M);
-        if (l == L - 1) return NAME(read_out)(q, R);
-        vec *Gn = keep ? G + mat : G, *qn = keep ? q + DIM : q, acc[DIM];
-        NAME(mm_vv)(R, DIM, 1, G, DIM, 1, M, 0, 1);  /* M = R G */
-        NAME(mm_vv)(M, DIM, 1, R, 1, DIM, Gn, 0, 1); /* G' = M Rᵀ */
-        UNROLL for (int r = 0; r < DIM; r++) UNROLL for (int c = 0; c < r; c++) Gn[r * DIM + c] = Gn[c * DIM + r];
-        UNROLL for (int r = 0; r < DIM; r++) {
-            acc[r] = R[r * DIM] * q[0];
-            UNROLL for (int c = 1; c < DIM; c++) acc[r] += R[r * DIM + c] * q[c];
-        }
-        memcpy(qn, acc, sizeof(vec) * DIM);
-        G = Gn;
-        q = qn;
-        if (keep) R += mat;
-    }
-}
-
-/* One group's input into the scratch (``moment``: an attention-only stack, whose forward reads G_0 and q_0 alone).
-   ``moments``: a0 is (B, DIM·DIM + DIM), every prompt's G_0 then q_0 (bl_moments), read into Gs and qs; else a0 is
-   the prompts (B, n + 1, DIM), read into plane 0 of Xs, and G_0, q_0 formed from them where ``moment``. */
-static void NAME(load_input)(const NAME(scratch_t) *s, const real *a0, long b0, int m, int n, int moments, int moment) {
-    if (moments) {
-        vec buf[DIM * DIM + DIM];
-        NAME(load_rows)(a0, b0, m, DIM * DIM + DIM, buf);
-        memcpy(s->Gs, buf, sizeof(vec) * DIM * DIM);
-        memcpy(s->qs, buf + DIM * DIM, sizeof(vec) * DIM);
-        return;
-    }
-    NAME(load_rows)(a0, b0, m, (n + 1) * DIM, s->Xs);
-    if (!moment) return;
-    NAME(gram)(s->Xs, n, s->Gs);
-    memcpy(s->qs, s->Xs + n * DIM, sizeof(vec) * DIM);
 }
 
 /* The forward of one group, whose prompt is in plane 0 of Xs. ``keep``: plane l + 1 gets sub-layer l's output, so
@@ -318,7 +259,6 @@ static vec NAME(forward_group)(const NAME(scratch_t) *s, int n, int L, const int
     const int T = n + 1, mat = DIM * DIM;
     const size_t plane = s->plane;
     vec *X = s->Xs, *Gs = s->Gs, *Rs = s->Rs, *M = s->M;
-    if (NAME(attention_only)(L, kinds)) return NAME(moment_forward)(s, n, L, H, wts, off, keep);
     for (int l = 0;; l++) {
         vec *Y = keep ? X + plane : X, *G = Gs + (keep ? l * mat : 0), *R = Rs + (keep ? l * mat : 0);
         const real *w = wts + off[l];
@@ -327,7 +267,7 @@ static vec NAME(forward_group)(const NAME(scratch_t) *s, int n, int L, const int
         } else {
             NAME(gram)(X, n, G);
             NAME(transfer)(G, w, w + H * mat, H, n, R, M);
-            if (l == L - 1) return NAME(read_out)(X + n * DIM, R);
+            if (l == L - 1) return NAME(read_out)(X, n, R);
             NAME(apply)(X, Y, T, R);
         }
         X = Y;
@@ -336,34 +276,6 @@ static vec NAME(forward_group)(const NAME(scratch_t) *s, int n, int L, const int
 
 /* ---- backward ---------------------------------------------------------------------------------------------- */
 
-/* The backward of R = I + Σ_h P_h G Q_h / n for its gradient dR: adds dP_h = dR (G Q_h)ᵀ / n and dQ_h = (P_h G)ᵀ dR / n
-   (lanes) to gP, gQ and, unless ``first`` (G is the prompt's: data), writes S = dG + dGᵀ, dG = Σ_h P_hᵀ dR Q_hᵀ / n
-   (G is symmetric, so only this symmetric part acts on it). Returns ``first``. Scratch: M, N. */
-static int NAME(transfer_backward)(const vec *G, const vec *dR, int H, int n, const real *P, const real *Q, vec *gP,
-                                   vec *gQ, int first, vec *S, vec *M, vec *N) {
-    const real inv = (real)1 / n;
-    memset(S, 0, sizeof(vec) * DIM * DIM); /* dG first */
-    for (int h = 0; h < H; h++) {
-        const real *Ph = P + h * DIM * DIM, *Qh = Q + h * DIM * DIM;
-        vec *gPh = gP + h * DIM * DIM, *gQh = gQ + h * DIM * DIM;
-        NAME(mm_vr)(G, DIM, 1, Qh, DIM, 1, M, 0, 1);     /* M = G Q_h */
-        NAME(mm_vv)(dR, DIM, 1, M, 1, DIM, gPh, 1, inv); /* dP_h += dR Mᵀ / n */
-        NAME(mm_rv)(Ph, DIM, 1, G, DIM, 1, M, 0, 1);     /* M = P_h G */
-        NAME(mm_vv)(M, 1, DIM, dR, DIM, 1, gQh, 1, inv); /* dQ_h += Mᵀ dR / n */
-        if (first) continue;
-        NAME(mm_rv)(Ph, 1, DIM, dR, DIM, 1, N, 0, 1);    /* N = P_hᵀ dR */
-        NAME(mm_vr)(N, DIM, 1, Qh, 1, DIM, S, 1, inv);   /* dG += N Q_hᵀ / n */
-    }
-    if (first) return 1;
-    /* S = dG + dGᵀ (in place: the upper triangle from both, then mirrored) */
-    UNROLL for (int r = 0; r < DIM; r++) UNROLL for (int c = r; c < DIM; c++) {
-        vec s = S[r * DIM + c] + S[c * DIM + r];
-        S[r * DIM + c] = s;
-        S[c * DIM + r] = s;
-    }
-    return 0;
-}
-
 /* An attention layer's backward. U: its input (T x DIM), Gt: the output gradient (T x DIM; with ``last`` only the
    query's label entry, gq lanes), rewritten in place as the input gradient unless ``first``. Adds dP, dQ (lanes) to
    gP, gQ. Scratch: dR, S, M, N (DIM x DIM vectors each). */
@@ -371,6 +283,7 @@ static void NAME(attn_backward)(const vec *U, vec *Gt, int n, int H, const real 
                                 const vec *R, vec *gP, vec *gQ, int last, vec gq, int first, vec *dR, vec *S, vec *M,
                                 vec *N) {
     const int T = n + 1;
+    const real inv = (real)1 / n;
     /* dR = Σ_t g_t u_tᵀ */
     if (last) {
         memset(dR, 0, sizeof(vec) * DIM * DIM);
@@ -390,7 +303,26 @@ static void NAME(attn_backward)(const vec *U, vec *Gt, int n, int H, const real 
             }
         }
     }
-    if (NAME(transfer_backward)(G, dR, H, n, P, Q, gP, gQ, first, S, M, N)) return; /* the prompt: no input gradient */
+    /* per head: dP_h += dR (G Q_h)ᵀ / n, dQ_h += (P_h G)ᵀ dR / n, dG += P_hᵀ dR Q_hᵀ / n */
+    memset(S, 0, sizeof(vec) * DIM * DIM); /* dG first */
+    for (int h = 0; h < H; h++) {
+        const real *Ph = P + h * DIM * DIM, *Qh = Q + h * DIM * DIM;
+        vec *gPh = gP + h * DIM * DIM, *gQh = gQ + h * DIM * DIM;
+        NAME(mm_vr)(G, DIM, 1, Qh, DIM, 1, M, 0, 1);         /* M = G Q_h */
+        NAME(mm_vv)(dR, DIM, 1, M, 1, DIM, gPh, 1, inv);     /* dP_h += dR Mᵀ / n */
+        NAME(mm_rv)(Ph, DIM, 1, G, DIM, 1, M, 0, 1);         /* M = P_h G */
+        NAME(mm_vv)(M, 1, DIM, dR, DIM, 1, gQh, 1, inv);     /* dQ_h += Mᵀ dR / n */
+        if (first) continue;
+        NAME(mm_rv)(Ph, 1, DIM, dR, DIM, 1, N, 0, 1);        /* N = P_hᵀ dR */
+        NAME(mm_vr)(N, DIM, 1, Qh, 1, DIM, S, 1, inv);       /* dG += N Q_hᵀ / n */
+    }
+    if (first) return; /* the prompt is data: no input gradient */
+    /* S = dG + dGᵀ (in place: the upper triangle from both, then mirrored) */
+    UNROLL for (int r = 0; r < DIM; r++) UNROLL for (int c = r; c < DIM; c++) {
+        vec s = S[r * DIM + c] + S[c * DIM + r];
+        S[r * DIM + c] = s;
+        S[c * DIM + r] = s;
+    }
     /* g_t ← Rᵀ g_t + [t < n] S u_t */
     if (last) {
         for (int t = 0; t < n; t++) {
@@ -477,42 +409,6 @@ static void NAME(ffn_backward)(const vec *X, vec *Gt, int T, const real *W0, con
         NAME(ffn_backward_k)(X, Gt, T, W0, W1, gW0, gW1, 0, Dab, DB);
 }
 
-/* The backward of moment_forward(keep = 1) for dL/d(out) = gq: adds the lanes' dL/d(weights) to gv. With dq the
-   gradient of q_{l+1} and S = dG + dGᵀ that of G_{l+1} (zero after the last layer),
-     dR_l = dq q_lᵀ + S R_l G_l,   dq ← R_lᵀ dq,   S ← R_lᵀ S R_l + (the transfer's S for dR_l)
-   (G_l symmetric), the transfer's part by transfer_backward. */
-static void NAME(moment_backward)(const NAME(scratch_t) *s, int n, int L, int H, const real *wts, const long *off,
-                                  vec gq, vec *gv) {
-    const int mat = DIM * DIM;
-    vec dq[DIM] = {0}, *dR = s->dR, *S = s->S, *M = s->M, *N = s->N, *V = s->V;
-    dq[DB] = gq;
-    for (int l = L - 1; l >= 0; l--) {
-        const vec *G = s->Gs + l * mat, *R = s->Rs + l * mat, *q = s->qs + l * DIM;
-        const real *w = wts + off[l];
-        vec *g = gv + off[l];
-        const int next = l < L - 1; /* S holds G_{l+1}'s gradient (the last layer's G_L is never formed) */
-        if (next) {
-            NAME(mm_vv)(R, DIM, 1, G, DIM, 1, M, 0, 1);  /* M = R G */
-            NAME(mm_vv)(S, DIM, 1, M, DIM, 1, dR, 0, 1); /* dR = S M */
-        } else {
-            memset(dR, 0, sizeof(vec) * mat);
-        }
-        UNROLL for (int r = 0; r < DIM; r++) UNROLL for (int c = 0; c < DIM; c++) dR[r * DIM + c] += dq[r] * q[c];
-        if (next && l > 0) { /* G_l's gradient through G_{l+1}: V = R_lᵀ S R_l, before S is overwritten */
-            NAME(mm_vv)(S, DIM, 1, R, DIM, 1, M, 0, 1); /* M = S R */
-            NAME(mm_vv)(R, 1, DIM, M, DIM, 1, V, 0, 1); /* V = Rᵀ M */
-        }
-        if (NAME(transfer_backward)(G, dR, H, n, w, w + H * mat, g, g + H * mat, l == 0, S, M, N)) return;
-        if (next) UNROLL for (int i = 0; i < mat; i++) S[i] += V[i];
-        vec acc[DIM];
-        UNROLL for (int c = 0; c < DIM; c++) {
-            acc[c] = R[c] * dq[0]; /* (Rᵀ dq)[c] */
-            UNROLL for (int r = 1; r < DIM; r++) acc[c] += R[r * DIM + c] * dq[r];
-        }
-        memcpy(dq, acc, sizeof(vec) * DIM);
-    }
-}
-
 /* ---- entry points ------------------------------------------------------------------------------------------ */
 
 /* The backward of one group after forward_group(keep = 1): adds the lanes' dL/d(weights) for dL/d(out) = gq to gv
@@ -521,10 +417,6 @@ static void NAME(backward_group)(const NAME(scratch_t) *s, int n, int L, const i
                                  const long *off, vec gq, vec *gv) {
     const int T = n + 1, mat = DIM * DIM;
     const size_t plane = s->plane;
-    if (NAME(attention_only)(L, kinds)) {
-        NAME(moment_backward)(s, n, L, H, wts, off, gq, gv);
-        return;
-    }
     for (int l = L - 1; l >= 0; l--) {
         const real *w = wts + off[l];
         vec *g = gv + off[l];
@@ -578,46 +470,17 @@ int NAME(bl_embed)(long B, int n, const real *x, long sxb, const real *xq, long 
     return 0;
 }
 
-/* G_0 = Σ_{t<n} z_t z_tᵀ and q_0 = z_n of the prompt of eq. (1) (bl_embed's, whose arguments these are), as rows
-   (B, DIM·DIM + DIM) of out: all an attention-only stack reads (the ``moments`` input of the calls below), from the
-   episode's x and y without writing the prompt. Returns 0. */
-int NAME(bl_moments)(long B, int n, const real *x, long sxb, const real *xq, long sqb, const real *y, long syb,
-                     real inv, real *out) {
-    enum { D = LIVE - 1, K = LIVE + 1, ROW = DIM * DIM + DIM };
-    for (long b = 0; b < B; b++) {
-        const real *xb = x + b * sxb, *yb = y + b * syb;
-        real g[K][K] = {{0}}, u[K];
-        for (int t = 0; t < n; t++) { /* u = (1, x_t, y_t · inv): the token's live entries and its label */
-            u[0] = 1;
-            UNROLL for (int j = 0; j < D; j++) u[1 + j] = xb[(long)t * D + j];
-            u[K - 1] = yb[t] * inv;
-            UNROLL for (int r = 0; r < K; r++) UNROLL for (int c = r; c < K; c++) g[r][c] += u[r] * u[c];
-        }
-        real *o = out + b * ROW;
-        memset(o, 0, sizeof(real) * ROW);
-        for (int r = 0; r < K; r++)
-            for (int c = r; c < K; c++) {
-                const int R = r < LIVE ? r : DB, C = c < LIVE ? c : DB;
-                o[R * DIM + C] = o[C * DIM + R] = g[r][c];
-            }
-        real *q = o + DIM * DIM;
-        q[0] = 1;
-        for (int j = 0; j < D; j++) q[1 + j] = xq[b * sqb + j];
-    }
-    return 0;
-}
-
-/* out[b] for b < B (a0 and ``moments``: load_input). Returns 0, or 1 where scratch memory could not be allocated. */
-int NAME(bl_forward)(long B, int n, int L, const int *kinds, int H, int moments, const real *a0, const real *wts,
-                     const long *off, real *out) {
-    const int moment = NAME(attention_only)(L, kinds);
+/* out[b] for b < B. Returns 0, or 1 where scratch memory could not be allocated. */
+int NAME(bl_forward)(long B, int n, int L, const int *kinds, int H, const real *z0, const real *wts, const long *off,
+                     real *out) {
+    const int T = n + 1;
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, 1, 0)) return 1;
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040); /* FTZ | DAZ: no denormal slow path */
     for (long b0 = 0; b0 < B; b0 += W) {
         int m = B - b0 < W ? (int)(B - b0) : W;
-        NAME(load_input)(&s, a0, b0, m, n, moments, moment);
+        NAME(load_group)(z0, b0, m, T, s.Xs);
         vec y = NAME(forward_group)(&s, n, L, kinds, H, wts, off, 0);
         for (int l = 0; l < m; l++) out[b0 + l] = y[l];
     }
@@ -630,15 +493,14 @@ int NAME(bl_forward)(long B, int n, int L, const int *kinds, int H, int moments,
    gradients summed into gv; gout == NULL: dL/d(out) = 1 in every used lane, each group's into its own row of gv
    (nw vectors), and out[b] written. */
 static void NAME(groups_backward)(const NAME(scratch_t) *s, long B, int n, int L, const int *kinds, int H,
-                                  int moments, const real *a0, const real *wts, const long *off, const real *gout,
-                                  real *out, vec *gv) {
+                                  const real *z0, const real *wts, const long *off, const real *gout, real *out,
+                                  vec *gv) {
     const long nw = NAME(wsize)(L, kinds, H);
-    const int moment = NAME(attention_only)(L, kinds);
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);
     for (long b0 = 0, g = 0; b0 < B; b0 += W, g++) {
         int m = B - b0 < W ? (int)(B - b0) : W;
-        NAME(load_input)(s, a0, b0, m, n, moments, moment);
+        NAME(load_group)(z0, b0, m, n + 1, s->Xs);
         vec y = NAME(forward_group)(s, n, L, kinds, H, wts, off, 1), seed = {0}, *to = gv;
         if (gout) {
             seed = NAME(lanes_of)(gout + b0, m);
@@ -653,12 +515,12 @@ static void NAME(groups_backward)(const NAME(scratch_t) *s, long B, int n, int L
 }
 
 /* Adds dL/d(weights) to gw for dL/d(out[b]) = gout[b], replaying the forward. Returns 0, or 1 (no memory). */
-int NAME(bl_backward)(long B, int n, int L, const int *kinds, int H, int moments, const real *a0, const real *wts,
+int NAME(bl_backward)(long B, int n, int L, const int *kinds, int H, const real *z0, const real *wts,
                       const long *off, const real *gout, real *gw) {
     const long nw = NAME(wsize)(L, kinds, H);
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, L, (size_t)nw)) return 1;
-    NAME(groups_backward)(&s, B, n, L, kinds, H, moments, a0, wts, off, gout, NULL, s.extra);
+    NAME(groups_backward)(&s, B, n, L, kinds, H, z0, wts, off, gout, NULL, s.extra);
     NAME(add_lanes)(s.extra, nw, gw);
     free(s.buf);
     return 0;
@@ -666,11 +528,11 @@ int NAME(bl_backward)(long B, int n, int L, const int *kinds, int H, int moments
 
 /* out[b] and every prompt's d out[b] / d(weights), in lanes: J (ceil(B / W), nw, W), zero in the padded lanes. The
    backward of the step is then bl_vjp: no replay. Returns 0, or 1 (no memory). */
-int NAME(bl_jacobian)(long B, int n, int L, const int *kinds, int H, int moments, const real *a0, const real *wts,
+int NAME(bl_jacobian)(long B, int n, int L, const int *kinds, int H, const real *z0, const real *wts,
                       const long *off, real *out, real *J) {
     NAME(scratch_t) s;
     if (NAME(scratch)(&s, n, L, 0)) return 1;
-    NAME(groups_backward)(&s, B, n, L, kinds, H, moments, a0, wts, off, NULL, out, (vec *)J);
+    NAME(groups_backward)(&s, B, n, L, kinds, H, z0, wts, off, NULL, out, (vec *)J);
     free(s.buf);
     return 0;
 }

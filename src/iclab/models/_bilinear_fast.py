@@ -24,10 +24,6 @@ sub-layers while they are in cache, and the backward is written by hand:
 * **What is skipped.** The read-out is the query's label entry, so the last attention layer updates the query row
   alone (dR has one non-zero row), an FFN after it changes nothing that is read (zero gradient), and the prompt is data
   (no input gradient). ``live`` entries: the prompt's scratch rows are zero, so the first FFN reads (1, x) only.
-* **Attention alone** (the linear transformer, ``ffn="none"``): every token moves by the same R_l, so the C kernel
-  carries G_{l+1} = R_l G_l R_lᵀ and the query q_{l+1} = R_l q_l instead of the tokens (:func:`moment_stack`), from
-  G_0 and q_0 that :func:`native_moments` forms from the episode's x and y without writing the prompt: a layer costs
-  a few D x D products per prompt instead of passes over its n + 1 tokens (docs/performance.md, "Fast paths").
 
 Chunks run on torch's threads (:func:`~iclab.core.threads.map_on_threads`); the chunk sums are added in chunk order,
 so the result does not depend on the thread count. The backward is not itself differentiable (a backward with
@@ -69,12 +65,11 @@ _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
 _SIGNATURES = native_kernels.per_real(
     lambda R: {
         "bl_lanes": ([], _I),
-        "bl_forward": ([_L, _I, _I, _P, _I, _I, _P, _P, _P, _P], _I),
-        "bl_backward": ([_L, _I, _I, _P, _I, _I, _P, _P, _P, _P, _P], _I),
-        "bl_jacobian": ([_L, _I, _I, _P, _I, _I, _P, _P, _P, _P, _P], _I),
+        "bl_forward": ([_L, _I, _I, _P, _I, _P, _P, _P, _P], _I),
+        "bl_backward": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I),
+        "bl_jacobian": ([_L, _I, _I, _P, _I, _P, _P, _P, _P, _P], _I),
         "bl_vjp": ([_L, _L, _P, _P, _P], _I),
         "bl_embed": ([_L, _I, _P, _L, _P, _L, _P, _L, R, _P], _I),
-        "bl_moments": ([_L, _I, _P, _L, _P, _L, _P, _L, R, _P], _I),
     }
 )
 
@@ -91,18 +86,6 @@ def native_embed(x: Tensor, xq: Tensor, y: Tensor, d_bar: int, inv: float) -> Te
     prompt's dtype, as :func:`iclab.models.bilinear.embed_scratch`'s torch code computes it. None where the kernel
     does not take these operands (not a CPU float32/float64 episode with contiguous token rows, a width past
     :data:`MAX_DIM`, no compiler): the caller's torch code runs."""
-    return _from_episode("bl_embed", x, xq, y, d_bar, inv)
-
-
-def native_moments(x: Tensor, xq: Tensor, y: Tensor, d_bar: int, inv: float) -> Tensor | None:
-    """What an attention-only stack reads of :func:`native_embed`'s prompt z (same arguments), by ``bl_moments``,
-    without writing z: rows (B, D² + D), D = d̄ + 1, each the context's Gram matrix G_0 = Σ_{t<n} z_t z_tᵀ (row-major)
-    then the query z_n, for :func:`moment_stack`. None where :func:`native_embed` is None."""
-    return _from_episode("bl_moments", x, xq, y, d_bar, inv)
-
-
-def _from_episode(fn_name: str, x: Tensor, xq: Tensor, y: Tensor, d_bar: int, inv: float) -> Tensor | None:
-    """``bl_embed`` or ``bl_moments`` on the episode's x (B, n, d), x_q (B, d), y (B, n), on torch's threads."""
     B, n, d = x.shape
     ok = NATIVE and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and 2 <= d_bar + 1 <= MAX_DIM
     ok = ok and xq.dtype == y.dtype == x.dtype and xq.device == y.device == x.device and B > 0 and d + 1 < d_bar + 1
@@ -116,9 +99,8 @@ def _from_episode(fn_name: str, x: Tensor, xq: Tensor, y: Tensor, d_bar: int, in
     lib = native(d_bar + 1, d + 1) if ok else None
     if lib is None:
         return None
-    D = d_bar + 1
-    z = x.new_empty(B, n + 1, D) if fn_name == "bl_embed" else x.new_empty(B, D * D + D)
-    fn = getattr(lib, f"{fn_name}_f32" if x.dtype == torch.float32 else f"{fn_name}_f64")
+    z = x.new_empty(B, n + 1, d_bar + 1)
+    fn = getattr(lib, "bl_embed_f32" if x.dtype == torch.float32 else "bl_embed_f64")
     step = split_evenly(B, NATIVE_PART)
 
     def run(s: int) -> int:
@@ -318,20 +300,20 @@ class _NativeStack(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, z0: Tensor, meta: tuple[Any, ...], *flat: Tensor) -> Tensor:
-        kinds, n, live, _chunk, save, *moments = meta  # moments: z0 is native_moments' rows, not the prompt
+        kinds, n, live, _chunk, save = meta
         L = max(i for i, k in enumerate(kinds) if k == "attn") + 1
         used = flat[: 2 * L]
-        H, dim = next(w.shape[::2] for k, w in zip(kinds, used[::2], strict=False) if k == "attn")  # P: (H, D, D)
+        H = next(w.shape[0] for k, w in zip(kinds, used[::2], strict=False) if k == "attn")
         z0 = z0.contiguous()
         wts = torch.cat([w.detach().reshape(-1) for w in used]).to(z0.dtype).contiguous()
         off = torch.tensor([0, *itertools.accumulate(2 * w.numel() for w in used[::2])][:L], dtype=torch.int64)
         codes = torch.tensor([0 if k == "ffn" else 1 for k in kinds[:L]], dtype=torch.int32)
-        lib, tag = native(dim, live), "f32" if z0.dtype == torch.float32 else "f64"
+        lib, tag = native(z0.shape[-1], live), "f32" if z0.dtype == torch.float32 else "f64"
         lanes = getattr(lib, f"bl_lanes_{tag}")()
         B = z0.shape[0]
         step = split_evenly(B, NATIVE_PART)
         bounds = [(s, min(s + step, B)) for s in range(0, B, step)]
-        common = (n, L, codes.data_ptr(), H, int(bool(moments and moments[0])))
+        common = (n, L, codes.data_ptr(), H)
         groups = [math.ceil((e - s) / lanes) * lanes for s, e in bounds]
         jacobian = save and sum(groups) * wts.numel() * z0.element_size() <= JACOBIAN_BYTES
         J = [z0.new_empty(g * wts.numel()) for g in groups] if jacobian else None
@@ -344,7 +326,7 @@ class _NativeStack(torch.autograd.Function):
             return fwd(e - s, *common, *args, *([J[p].data_ptr()] if J is not None else []))
 
         _check(map_on_threads(run, range(len(bounds))))
-        ctx.common, ctx.bounds, ctx.tag, ctx.L, ctx.live, ctx.dim = common, bounds, tag, L, live, dim
+        ctx.common, ctx.bounds, ctx.tag, ctx.L, ctx.live = common, bounds, tag, L, live
         ctx.keep = (codes, off, J)
         ctx.save_for_backward(z0, wts, *flat)
         return out
@@ -354,7 +336,7 @@ class _NativeStack(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
         z0, wts, *flat = ctx.saved_tensors
         _codes, off, J = ctx.keep
-        lib = native(ctx.dim, ctx.live)
+        lib = native(z0.shape[-1], ctx.live)
         grad = grad.contiguous().to(z0.dtype)
         bounds = ctx.bounds
 
@@ -392,18 +374,6 @@ def _uses_native(z0: Tensor, live: int) -> bool:
     ok = z0.dtype in (torch.float32, torch.float64) and z0.device.type == "cpu" and 2 <= z0.shape[-1] <= MAX_DIM
     ok = ok and z0.shape[0] > 0 and 1 <= live < z0.shape[-1]
     return NATIVE and ok and native(z0.shape[-1], live) is not None
-
-
-def moment_stack(m0: Tensor, sublayers: list[tuple[str, Tensor, Tensor]], *, n: int, live: int) -> Tensor:
-    """:func:`bilinear_stack` for attention layers alone (the linear transformer) from :func:`native_moments`' rows m0
-    (B, D² + D) instead of the prompt: the C kernel's moment form (G_{l+1} = R_l G_l R_lᵀ, q_{l+1} = R_l q_l), which
-    reads nothing else. Only where :func:`native_moments` gave m0 (the kernel is built)."""
-    kinds = tuple(kind for kind, _, _ in sublayers)
-    if "ffn" in kinds or not kinds:
-        raise ValueError(f"moment_stack takes attention layers alone (a linear transformer); got {kinds}")
-    flat = [w for _, a, b in sublayers for w in (a, b)]
-    save = torch.is_grad_enabled() and any(w.requires_grad for w in flat)
-    return cast(Tensor, _NativeStack.apply(m0, (kinds, n, live, CHUNK, save, True), *flat))
 
 
 def bilinear_stack(

@@ -98,7 +98,8 @@ def _check(codes: list[int]) -> None:
 
 def moments_apply(x: Tensor, y: Tensor, x_query: Tensor) -> bool:
     """True where :func:`moments` runs the C kernel: float32 or float64 CPU data that needs no gradient, rows of
-    contiguous entries (the episode's views of one (B, n+1, d) draw are), d + 1 <= :data:`MAX_DIM`."""
+    contiguous entries (the episode's views of one (B, n+1, d) draw are), d + 1 <= :data:`MAX_DIM`, outside
+    ``torch.func`` transforms."""
     d = x.shape[-1]
     ok = (
         NATIVE
@@ -111,7 +112,8 @@ def moments_apply(x: Tensor, y: Tensor, x_query: Tensor) -> bool:
         and (y.shape[1] < 2 or y.stride(1) == 1)
         and x_query.stride(-1) == 1
         and not (x.requires_grad or y.requires_grad or x_query.requires_grad)
-        and not is_transformed(x, y, x_query)
+        # inside a torch.func transform a tensor made there is wrapped (no data pointer) even when the data is not
+        and not is_transformed(x, y, x_query, x.view_as(x))
     )
     return ok and native(d + 1) is not None
 

@@ -266,6 +266,21 @@ def moment_mix(
     return shared_left(KQ.permute(2, 0, 1).reshape(Dt, H * Ds), Y.reshape(H * Ds, e, -1))
 
 
+def moment_labels(layers: Sequence[nn.Module] | nn.ModuleList, gram: Tensor, q: Tensor, n: int) -> Tensor:
+    """(L, B): the query's label entry after each of the moment-form layers, from G_0 (D, D, B) and q_0 (D, B)
+    batch-last (module docstring): layer ℓ maps every row by T_ℓ = ``layer.transfer(G_ℓ, n)``, so q_{ℓ+1} = q_ℓ T_ℓ
+    and G_{ℓ+1} = T_ℓᵀ G_ℓ T_ℓ. Torch code, differentiable to any order and under ``torch.func`` transforms; the C
+    kernel of :mod:`iclab.models._moment_fast` computes the last row."""
+    last, labels = len(layers) - 1, []
+    for i, layer in enumerate(layers):
+        T = cast(MomentLayer, layer).transfer(gram, n)  # z_{ℓ+1} = z_ℓ T_ℓ for every row
+        q = (q.unsqueeze(1) * T).sum(0)  # q_{ℓ+1} = q_ℓ T_ℓ
+        labels.append(q[-1])
+        if i < last:
+            gram = batched_matmul(T.transpose(0, 1), batched_matmul(gram, T))  # G_{ℓ+1} = T_ℓᵀ G_ℓ T_ℓ
+    return torch.stack(labels)
+
+
 def context_moments(episode: Episode, *, include_query: bool = False) -> tuple[Tensor, Tensor]:
     """(G, q) of the prompt z = Z_0ᵀ (eq. 1), batch-last: G = Σ_{sources} z_i z_iᵀ (D, D, B), q (D, B).
 
@@ -359,13 +374,7 @@ class AttentionStack(nn.Module):
             return self.forward_tokens(episode)
         self._check(episode)
         gram, q = context_moments(episode, include_query=sources == "all")  # (D, D, B), (D, B)
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            T = cast(MomentLayer, layer).transfer(gram, episode.n)  # z_{ℓ+1} = z_ℓ T_ℓ for every row
-            q = (q.unsqueeze(1) * T).sum(0)  # q_{ℓ+1} = q_ℓ T_ℓ
-            if i < last:
-                gram = batched_matmul(T.transpose(0, 1), batched_matmul(gram, T))  # G_{ℓ+1} = T_ℓᵀ G_ℓ T_ℓ
-        return self._read_label(q[-1])
+        return self._read_label(moment_labels(self.layers, gram, q, episode.n)[-1])
 
     def forward_tokens(self, episode: Episode) -> Tensor:
         """+ŷ (B,) by running every layer on the (B, n+1, D) prompt, the last on the query row only."""

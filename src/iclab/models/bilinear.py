@@ -38,8 +38,9 @@ blocks (the ℓ-block sub-networks of Fig. 5-9 and the BCD iterates of Thm 6).
 Training path: on a CPU, ``forward`` runs the stack as one autograd node over chunks of prompts, batch-last, with a
 hand-written backward (:mod:`iclab.models._bilinear_fast`, exact against :meth:`BilinearTransformer.forward_tokens`
 to 1e-10 in float64; docs/performance.md, Sun et al. 2025); ``forward_tokens`` is the sub-layer-by-sub-layer reference.
-With ``ffn="none"`` the C kernel runs the stack in its moment form from the prompt's Gram matrix and query alone
-(:func:`~iclab.models._bilinear_fast.moment_stack`; the prompt itself is never written).
+The linear transformer (``ffn="none"``) is the stack of Ahn et al.'s moment form (:mod:`iclab.models.attention_core`):
+every token moves by the same T_ℓ, so ``forward`` carries the prompt's Gram matrix and query row
+(:func:`prompt_moments`) through the layers, by the C kernel of :mod:`iclab.models._moment_fast` where it applies.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, is_int, require, require_int
 from iclab.core.private_torch import is_transformed
 from iclab.core.threads import map_on_threads
-from iclab.models._bilinear_fast import bilinear_stack, moment_stack, native_embed, native_moments
-from iclab.models.attention_core import moment_layer
+from iclab.models import _moment_fast
+from iclab.models._bilinear_fast import bilinear_stack, native_embed
+from iclab.models.attention_core import moment_labels, moment_layer
 from iclab.models.linear_attention import LinearAttention
 
 FFN = Literal["dense", "sparse", "sparse_strict", "none"]
@@ -110,6 +112,37 @@ def embed_scratch(episode: Episode, d_bar: int, label_scale: float = 1.0) -> Ten
 
     map_on_threads(run, range(0, B, per), x.device.type != "cpu")
     return z
+
+
+def prompt_moments(episode: Episode, d_bar: int, label_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """(G_0 (D, D, B), q_0 (D, B)) of :func:`embed_scratch`'s prompt z, batch-last (D = d̄ + 1): G_0 = Σ_{t<n} z_t z_tᵀ
+    over the context and q_0 = z_n, all that a stack of attention layers alone reads of the prompt.
+
+    Where :func:`iclab.models._moment_fast.moments` applies (a CPU float episode without autograd), from its C
+    kernel's moments of the [x; y] rows and the sums Σx, Σy, without the (B, n+1, D) prompt (the label entries'
+    moments scaled by 1/s and 1/s² after the sums: the same numbers up to rounding); else from the prompt itself,
+    differentiable in the episode.
+    """
+    if episode.y is None:
+        raise ValueError("prompt_moments needs a regression episode (float labels y); got a classification episode")
+    x, y, xq, n, d = episode.x, episode.y, episode.x_query, episode.n, episode.d
+    require("prompt_moments", "d_bar", is_int(d_bar, d + 1), f"an int >= d + 1 = {d + 1}", d_bar)
+    if not _moment_fast.moments_apply(x, y, xq):
+        z = embed_scratch(episode, d_bar, label_scale)
+        return torch.einsum("bni,bnj->ijb", z[:, :n], z[:, :n]).contiguous(), z[:, -1].transpose(0, 1).contiguous()
+    g, _ = _moment_fast.moments(x, y, xq)  # Σ [x; y][x; y]ᵀ, (d+1, d+1, B)
+    inv = torch.tensor(1.0 / label_scale, dtype=x.dtype)  # rounded to the dtype first, as embed_scratch
+    G = x.new_zeros(d_bar + 1, d_bar + 1, x.shape[0])
+    G[0, 0] = n
+    G[0, 1 : d + 1] = G[1 : d + 1, 0] = x.sum(1).T  # Σ x_t
+    G[0, -1] = G[-1, 0] = y.sum(1) * inv  # Σ y_t / s
+    G[1 : d + 1, 1 : d + 1] = g[:d, :d]
+    G[1 : d + 1, -1] = G[-1, 1 : d + 1] = g[:d, d] * inv
+    G[-1, -1] = g[d, d] * inv * inv
+    q = x.new_zeros(d_bar + 1, x.shape[0])
+    q[0] = 1.0
+    q[1 : d + 1] = xq.T
+    return G, q
 
 
 def _embed_reference(x: Tensor, xq: Tensor, y: Tensor, d_bar: int, label_scale: float) -> Tensor:
@@ -403,57 +436,58 @@ class BilinearTransformer(nn.Module):
         token layers run where the fused pass does not (another device, autograd on the prompt, ``torch.func``)."""
         if fused:
             self._check(episode)
+        if not self.ffn:  # the linear transformer: its moment form gives every prefix's read-out in one pass
+            self._check(episode)
+            gram, q = self._moments(episode)
+            labels = moment_labels(self._attn_layers, gram, q, episode.n)  # (L, B), z′ = SZ
+            return -torch.cat([q[-1:], labels]) * self.config.label_scale
         z0 = self._prompt(episode) if fused else None
         per = 2 if self.ffn else 1
         if z0 is None or z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
             _, states = self._run(episode, keep=True)
             return torch.stack([-s[:, -1, -1] for s in states[::per]])
-        layers, m0 = self._fused_layers(), self._moments(episode)
-        s, live = self.config.label_scale, self.config.d + 1
-        first = -z0[:, -1, -1] * s  # ℓ = 0: the query's label entry, 0
-        rest = [
-            bilinear_stack(z0, layers[: per * ell], n=episode.n, live=live)
-            if m0 is None
-            else moment_stack(m0, layers[:ell], n=episode.n, live=live)
-            for ell in range(1, self.config.n_blocks + 1)
-        ]
-        return torch.stack([first, *(-r * s for r in rest)])
-
-    def _fused_layers(self) -> list[tuple[str, Tensor, Tensor]]:
-        """The sub-layers as the fused pass takes them: ("ffn", W_0, W_1) or ("attn", P, Q)."""
-        return [
+        layers = [
             ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
             for layer in self.sublayers()
         ]
-
-    def _moments(self, episode: Episode) -> Tensor | None:
-        """For the linear transformer (``ffn="none"``) on a CPU episode without autograd, outside ``torch.func``
-        transforms: the prompt's moments G_0, q_0 (:func:`~iclab.models._bilinear_fast.native_moments`), all its
-        attention-only stack reads; None elsewhere (and where the C kernel is not built)."""
-        x, xq, y = episode.x, episode.x_query, episode.y
-        if self.ffn or y is None or any(t.requires_grad for t in (x, xq, y)):
-            return None
-        if is_transformed(x, xq, y, x.view_as(x), *self.parameters()):
-            return None
-        inv = float(torch.tensor(1.0 / self.config.label_scale, dtype=x.dtype))  # 1/s rounded, as embed_scratch
-        return native_moments(x, xq, y, self.config.d_bar, inv)
+        s = self.config.label_scale
+        first = -z0[:, -1, -1] * s  # ℓ = 0: the query's label entry, 0
+        rest = [bilinear_stack(z0, layers[: per * ell], n=episode.n, live=self.config.d + 1) for ell in range(1, self.config.n_blocks + 1)]  # fmt: skip
+        return torch.stack([first, *(-r * s for r in rest)])
 
     def forward(self, episode: Episode) -> Tensor:
-        """+ŷ (B,). On a CPU the whole stack is one autograd node over chunks of prompts with a hand-written backward
+        """+ŷ (B,). The linear transformer (``ffn="none"``) by its moment form (module docstring). Else, on a CPU, the
+        whole stack is one autograd node over chunks of prompts with a hand-written backward
         (:mod:`iclab.models._bilinear_fast`; the same numbers as :meth:`forward_tokens`, not differentiable twice);
         under ``torch.func`` transforms, on other devices and for a prompt that needs a gradient, :meth:`forward_tokens`."""
         self._check(episode)
-        m0 = self._moments(episode)
-        if m0 is not None:  # the linear transformer: its moment form reads G_0 and q_0 alone
-            slot = moment_stack(m0, self._fused_layers(), n=episode.n, live=self.config.d + 1)
-            return -slot * self.config.label_scale
+        if not self.ffn:
+            return -self._linear_label(episode) * self.config.label_scale
         z0 = self._prompt(episode)
         if z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
             return self.forward_tokens(episode)
-        slot = bilinear_stack(
-            z0, self._fused_layers(), n=episode.n, live=self.config.d + 1
-        )  # z′_L[query, label], z′ = SZ
+        weights = [
+            ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
+            for layer in self.sublayers()
+        ]
+        slot = bilinear_stack(z0, weights, n=episode.n, live=self.config.d + 1)  # z′_L[query, label], z′ = SZ
         return -slot * self.config.label_scale  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
+
+    def _moments(self, episode: Episode) -> tuple[Tensor, Tensor]:
+        """:func:`prompt_moments` of the model's prompt Z′_0 = SZ_0, memoised on the episode."""
+        d_bar, s = self.config.d_bar, self.config.label_scale
+        return episode.memo(f"prompt_moments({d_bar}, {s!r})", lambda ep: prompt_moments(ep, d_bar, s))
+
+    def _linear_label(self, episode: Episode) -> Tensor:
+        """``ffn="none"``: z′_L[query, label], (B,), by the moment form: the C kernel of
+        :mod:`iclab.models._moment_fast` where it applies, else :func:`~iclab.models.attention_core.moment_labels`."""
+        gram, q = self._moments(episode)
+        if _moment_fast.NATIVE:
+            P = torch.stack([layer.P for layer in self._attn_layers])  # (L, H, D, D)
+            Q = torch.stack([layer.Q for layer in self._attn_layers])
+            if _moment_fast.applies(gram, q, P, Q):
+                return _moment_fast.moment_stack(gram, q, P, Q, scale=1.0 / episode.n)
+        return moment_labels(self._attn_layers, gram, q, episode.n)[-1]
 
     def forward_tokens(self, episode: Episode) -> Tensor:
         """+ŷ (B,) by the sub-layer modules on the (B, n+1, d̄+1) prompt, autograd through each: differentiable to any

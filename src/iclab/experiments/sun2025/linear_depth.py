@@ -18,7 +18,7 @@ Claims (Prop. 1):
 
 Time on 2 CPU cores: quick 7 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 2.9 core-hours (4 depths ×
 5 seeds × 20 000 steps × 4000 prompts; the longest run 18 min), ≈ 1.5 h with ``--workers 2``: the linear transformer
-trains in its moment form (:mod:`iclab.models._bilinear_fast`).
+trains in its moment form (:mod:`iclab.models._moment_fast`).
 
 What did not match: deep linear TFs diverge at the quick preset's lr 1e-2 and at ε = 1e-8 (hence lr 3e-3, ε = 1e-3 at
 quick); 700 steps leave L = 1 short of L₁*(50) (gap_tol 1.5 at quick, 0 at paper). See docs/papers/sun2025.md
