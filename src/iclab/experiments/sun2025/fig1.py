@@ -17,8 +17,8 @@ Claims, one set per d in ``ds``, named here for smoke's d = 2 (``_d3``, ``_d4`` 
   ``tol.subnet_fraction`` of the models (Figs. 5-9).
 - short_prompts_are_worse_d2: every bilinear model is worse at the shortest test length than at n_train (Fig. 1c).
 
-Time on 2 CPU cores: quick 35 s (d = 3, L ∈ {1, 2}, a 3-layer linear TF, 700 steps); paper 18 core-hours (5 seeds ×
-20 000 steps × 4000 prompts; the longest run 45 min), ≈ 45 min on 40 Ray workers.
+Time on 2 CPU cores: quick 35 s (d = 3, L ∈ {1, 2}, a 3-layer linear TF, 700 steps); paper 19 core-hours (5 seeds ×
+20 000 steps × 4000 prompts; the longest run 49 min), ≈ 50 min on 40 Ray workers.
 
 What did not match: at a quarter of the paper's budget (1 seed) d = 3, L = 4 reached 2.3e-3, not <= 1e-3 (d = 4
 passes 6/6 there); the loss at test lengths below n_train explodes far beyond "rises for shorter prompts"; L = 4 diverges at the

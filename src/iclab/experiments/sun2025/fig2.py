@@ -12,8 +12,8 @@ Claims (Fig. 2):
 - dense_below_quadratic_floor_2: max over seeds of (loss + 3σ) of the dense model <= 2, the quadratic-feature floor.
 - strict_sparse_above_quadratic_floor_2: min over seeds of (loss + 3σ) of ``sparse_strict`` (P's (1, x) rows at 0) >= 2.
 
-Time on 2 CPU cores: quick ≈ 50 s at 1 thread (2 blocks, n = 50, 2000 steps: at 1000 dense and sparse tie); paper 7.6
-core-hours (the longest run 34 min).
+Time on 2 CPU cores: quick ≈ 50 s at 1 thread (2 blocks, n = 50, 2000 steps: at 1000 dense and sparse tie); paper 9.0
+core-hours (the longest run 30 min).
 
 What did not match: the sparse FFN (eq. 11) is not limited to degree 2 (docs/papers/sun2025.md, docs/errata.md #7).
 """

@@ -16,8 +16,8 @@ Claims (Prop. 1):
   ``tol.gap_tol``, L₁*(n) the exact best one-layer (5)-sparse LSA: the runs are trained, so the floor check is not
   passed by an untrained model.
 
-Time on 2 CPU cores: quick 7 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 2.9 core-hours (4 depths ×
-5 seeds × 20 000 steps × 4000 prompts; the longest run 18 min), ≈ 1.5 h with ``--workers 2``: the linear transformer
+Time on 2 CPU cores: quick 7 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 3.0 core-hours (4 depths ×
+5 seeds × 20 000 steps × 4000 prompts; the longest run 15 min), ≈ 1.5 h with ``--workers 2``: the linear transformer
 trains in its moment form (:mod:`iclab.models._moment_fast`).
 
 What did not match: deep linear TFs diverge at the quick preset's lr 1e-2 and at ε = 1e-8 (hence lr 3e-3, ε = 1e-3 at
