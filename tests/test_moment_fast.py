@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from iclab.core import native as native_kernels
-from iclab.models import _moment_fast
-from iclab.models import bilinear
+from iclab.models import _moment_fast, bilinear
 from iclab.models.attention_core import context_moments, embed
 from iclab.models.bilinear import BilinearTransformer, BilinearTransformerConfig, embed_scratch, prompt_moments
 from iclab.models.linear_attention import LinearTransformer, LinearTransformerConfig
