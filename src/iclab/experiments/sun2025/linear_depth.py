@@ -16,7 +16,7 @@ Claims (Prop. 1):
   ``tol.gap_tol``, L₁*(n) the exact best one-layer (5)-sparse LSA: the runs are trained, so the floor check is not
   passed by an untrained model.
 
-Time on 2 CPU cores: quick 7 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 3.0 core-hours (4 depths ×
+Time on 2 CPU cores: quick 12 s (n = 50, 700 steps at lr 3e-3 with Adam ε = 1e-3); paper 3.0 core-hours (4 depths ×
 5 seeds × 20 000 steps × 4000 prompts; the longest run 15 min), ≈ 1.5 h with ``--workers 2``: the linear transformer
 trains in its moment form (:mod:`iclab.models._moment_fast`).
 
