@@ -433,26 +433,22 @@ class BilinearTransformer(nn.Module):
         ``fused``: on a CPU, each ℓ-block sub-network (ℓ ≥ 1) by :meth:`forward`'s fused pass on the first ℓ blocks
         (its C kernel where it can be built): the same numbers as the token layers to rounding (1e-10 in float64,
         tests/test_polynomial_fast.py), without keeping the (B, n+1, d̄+1) prompt after every sub-layer; the
-        token layers run where the fused pass does not (another device, autograd on the prompt, ``torch.func``)."""
-        if fused:
+        token layers run where the fused pass does not (another device, autograd on the prompt, ``torch.func``).
+        The linear transformer (``ffn="none"``), fused or not: every ℓ from one pass of its moment form
+        (:func:`~iclab.models.attention_core.moment_labels`)."""
+        if fused or not self.ffn:
             self._check(episode)
-        if not self.ffn:  # the linear transformer: its moment form gives every prefix's read-out in one pass
-            self._check(episode)
+        if not self.ffn:
             gram, q = self._moments(episode)
             labels = moment_labels(self._attn_layers, gram, q, episode.n)  # (L, B), z′ = SZ
             return -torch.cat([q[-1:], labels]) * self.config.label_scale
         z0 = self._prompt(episode) if fused else None
-        per = 2 if self.ffn else 1
         if z0 is None or z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
             _, states = self._run(episode, keep=True)
-            return torch.stack([-s[:, -1, -1] for s in states[::per]])
-        layers = [
-            ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
-            for layer in self.sublayers()
-        ]
-        s = self.config.label_scale
+            return torch.stack([-s[:, -1, -1] for s in states[::2]])  # a block is 2 sub-layers
+        layers, s = self._fused_layers(), self.config.label_scale
         first = -z0[:, -1, -1] * s  # ℓ = 0: the query's label entry, 0
-        rest = [bilinear_stack(z0, layers[: per * ell], n=episode.n, live=self.config.d + 1) for ell in range(1, self.config.n_blocks + 1)]  # fmt: skip
+        rest = [bilinear_stack(z0, layers[: 2 * ell], n=episode.n, live=self.config.d + 1) for ell in range(1, self.config.n_blocks + 1)]  # fmt: skip
         return torch.stack([first, *(-r * s for r in rest)])
 
     def forward(self, episode: Episode) -> Tensor:
@@ -466,12 +462,18 @@ class BilinearTransformer(nn.Module):
         z0 = self._prompt(episode)
         if z0.device.type != "cpu" or z0.requires_grad or is_transformed(z0, *self.parameters()):
             return self.forward_tokens(episode)
-        weights = [
+        slot = bilinear_stack(
+            z0, self._fused_layers(), n=episode.n, live=self.config.d + 1
+        )  # z′_L[query, label], z′ = SZ
+        return -slot * self.config.label_scale  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
+
+    def _fused_layers(self) -> list[tuple[str, Tensor, Tensor]]:
+        """The sub-layers as :func:`~iclab.models._bilinear_fast.bilinear_stack` takes them: ("ffn", W_0, W_1) or
+        ("attn", P, Q)."""
+        return [
             ("ffn", layer.W0, layer.W1) if isinstance(layer, BilinearFFN) else ("attn", layer.P, layer.Q)
             for layer in self.sublayers()
         ]
-        slot = bilinear_stack(z0, weights, n=episode.n, live=self.config.d + 1)  # z′_L[query, label], z′ = SZ
-        return -slot * self.config.label_scale  # (B,) the paper trains Z[d̄+1, n+1] towards −y_q (eq. 4)
 
     def _moments(self, episode: Episode) -> tuple[Tensor, Tensor]:
         """:func:`prompt_moments` of the model's prompt Z′_0 = SZ_0, memoised on the episode."""
