@@ -1,6 +1,7 @@
 """Benchmark: one training step of the Wang et al. 2025 categorical attention models at the paper's minibatch.
 
     python benchmarks/bench_categorical.py [cpu|cuda] [--repeats 5] [--rounds 3] [--general] [--torch-head] [--no-peer]
+        [--kernel softmax|rbf|exp|linear] [--blocks 2]
 
 §6.1 set-up (d = 10, C = 25, d' = 5, N = 125), minibatch 512 contexts, softmax attention, float32: forward +
 backward + global-norm clipping + Adam, for the 2-block GD model (the paper's "GD", Fig. 3/4) and the 2-block
@@ -10,9 +11,12 @@ PyTorch port set up (``../shared/peer-bench/README.md``) their 512-context step 
 (``benchmarks/peers.py``: authors, iclab, authors, iclab, …) and the ratios are printed; otherwise that column is
 skipped with the reason. ``--general`` also times the Trained TF by its general path (``model.fast = False``, the
 code before the fast path), ``--torch-head`` its fast path without the C kernel (``_categorical_fast.NATIVE = False``).
+``--kernel rbf --blocks 1`` times Fig. 2 with RBF attention (``wang2025.fig2_rbf``): the models with that attention
+kernel and that many blocks (the authors' harness takes softmax, linear and rbf).
 Prints ms per step, contexts/s and achieved GFLOP/s (matmul-family FLOPs of what runs, ``torch.utils.flop_counter``,
 the C kernel's counted as the torch head's products) against this machine's measured float32 matmul peak; writes
-benchmarks/results/bench-categorical-<device>.json with the measurement's provenance (``iclab.core.provenance``).
+benchmarks/results/bench-categorical-<device>.json (``bench-categorical-<kernel>-<blocks>block-<device>.json`` for
+another kernel or depth) with the measurement's provenance (``iclab.core.provenance``).
 """
 
 from __future__ import annotations
@@ -49,14 +53,15 @@ def training_step(
     batch: int = 512,
     n: int = 125,
     n_blocks: int = 2,
+    kernel: str = "softmax",
     repeats: int = 5,
     fast: bool = True,
     native: bool = True,
 ) -> dict[str, float]:
-    """One Adam step of the 2-block model (``mode`` 'gd' or 'free'; ``fast=False``: the free model's general path,
-    ``native=False``: its fast path without the C kernel)."""
+    """One Adam step of the ``n_blocks``-block model with ``kernel`` attention (``mode`` 'gd' or 'free';
+    ``fast=False``: the free model's general path, ``native=False``: its fast path without the C kernel)."""
     task = RBFMixtureCategorical.draw(generator=generator(0))
-    cfg = CategoricalTransformerConfig(n_blocks=n_blocks, kernel="softmax", mode=mode)  # type: ignore[arg-type]
+    cfg = CategoricalTransformerConfig(n_blocks=n_blocks, kernel=kernel, mode=mode)  # type: ignore[arg-type]
     model = CategoricalTransformer(cfg, generator=generator(1)).to(device)
     model.fast = fast
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
@@ -101,6 +106,8 @@ def main() -> None:
     parser.add_argument("--torch-head", action="store_true", help="also time its fast path without the C kernel")
     parser.add_argument("--no-peer", action="store_true", help="skip the authors' column")
     parser.add_argument("--no-tune-allocator", action="store_true", help="leave glibc malloc at its defaults")
+    parser.add_argument("--kernel", default="softmax", choices=["softmax", "rbf", "exp", "linear"])
+    parser.add_argument("--blocks", type=int, default=2, help="attention blocks of both models")
     args = parser.parse_args()
     tuned = not args.no_tune_allocator and tune_cpu_allocator()
     device = resolve_device(args.device)
@@ -113,9 +120,13 @@ def main() -> None:
         if device.type == "cpu"
         else "the authors' harness runs on the CPU only"
     )
+    if not missing and args.kernel == "exp":
+        missing = "the authors' harness has no exp kernel"
     if missing:
         print(f"authors' column skipped: {missing}")
-    native = _categorical_fast.NATIVE and device.type == "cpu" and _categorical_fast.native() is not None
+    # the C kernel serves the softmax head; the other kernels' first block is torch code
+    native = args.kernel == "softmax" and _categorical_fast.NATIVE and device.type == "cpu"
+    native = native and _categorical_fast.native() is not None
     out: dict[str, object] = {"provenance": provenance(device), "matmul_peak_gflops": peak, "allocator_tuned": tuned,
                               "c_kernel": native, "loadavg_start": loadavg(),
                               "authors": None if missing else peer_provenance(PEER)}  # fmt: skip
@@ -131,12 +142,14 @@ def main() -> None:
 
     def ours() -> float:  # every model once per round, the Trained TF's time returned
         for name, (mode, fast, c_kernel) in models.items():
-            last[name] = training_step(mode, device=device, repeats=args.repeats, fast=fast, native=c_kernel)
+            last[name] = training_step(mode, device=device, n_blocks=args.blocks, kernel=args.kernel,
+                                       repeats=args.repeats, fast=fast, native=c_kernel)  # fmt: skip
             mine[name].append(last[name]["ms_per_step"])
         return mine["free"][-1]
 
     def peer() -> float:  # one run of the authors' harness times both of their models
-        peer_args = ["--kernel", "softmax", "--layers", "2", "--mb-steps", str(args.peer_steps), "--loop-steps", "1"]
+        peer_args = ["--kernel", args.kernel, "--layers", str(args.blocks), "--mb-steps", str(args.peer_steps),
+                     "--loop-steps", "1"]  # fmt: skip
         res = run_peer("bench_categorical.py", peer_args, threads=threads)
         for name, key in PEER_KEYS.items():
             theirs[name].append(float(res[key]["median_ms"]))  # type: ignore[index]
@@ -146,7 +159,7 @@ def main() -> None:
     for name in models:
         row = {**last[name], "fraction_of_peak": last[name]["achieved_gflops"] / peak}
         row.update(_summary(mine[name], theirs.get(name, [])))
-        out[f"{name}_2block"] = row
+        out[f"{name}_{args.blocks}block"] = row
         ratio = row["ratio"]
         label = {"free": "Trained TF", "gd": "GD", "free_torch_head": "Trained TF (torch head)",
                  "free_general": "Trained TF (general path)"}[name]  # fmt: skip
@@ -154,7 +167,9 @@ def main() -> None:
         print(f"   authors {row['authors_median_ms']:7.1f} ms   ratio {ratio:4.1f}x" if ratio else "")
     out["loadavg_end"] = loadavg()
     print(json.dumps(out, indent=2))
-    atomic_write_json(Path(__file__).parent / "results" / f"bench-categorical-{device.type}.json", out)
+    variant = "" if (args.kernel, args.blocks) == ("softmax", 2) else f"{args.kernel}-{args.blocks}block-"
+    out.update(kernel=args.kernel, blocks=args.blocks)
+    atomic_write_json(Path(__file__).parent / "results" / f"bench-categorical-{variant}{device.type}.json", out)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,13 @@ def _linear_authors_rows() -> list[str]:
     return rows
 
 
+#: benchmarks/bench_categorical.py's result files: (file, blocks, the workload in words)
+CATEGORICAL_BENCHES = (
+    ("bench-categorical-cpu.json", 2, "§6.1, 2 blocks"),
+    ("bench-categorical-rbf-1block-cpu.json", 1, "Fig. 2 with RBF attention, 1 block"),
+)
+
+
 def authors_table() -> str:
     """ms per training step of each paper's own configuration: the authors' code and iclab, alternated in one run."""
     rows = _linear_authors_rows()
@@ -103,12 +110,13 @@ def authors_table() -> str:
                 f" {_ms(r['authors_median_ms'])} | {_ms(r['iclab_median_ms'])} | **{_x(r['ratio'])}** |"
                 f" {describe(data['provenance'])} |"
             )
-    if cat := _load("bench-categorical-cpu.json"):
-        for key, what in (("free_2block", "Trained TF"), ("gd_2block", "GD model")):
-            r = cat.get(key)
-            if r and r.get("ratio"):
+    for name, blocks, where in CATEGORICAL_BENCHES:
+        cat = _load(name)
+        for model, what in (("free", "Trained TF"), ("gd", "GD model")):
+            r = cat.get(f"{model}_{blocks}block") if cat else None
+            if cat and r and r.get("ratio"):
                 rows.append(
-                    f"| Wang et al. 2025: §6.1, 2 blocks, minibatch 512, {what} | {_ms(r['authors_median_ms'])} |"
+                    f"| Wang et al. 2025: {where}, minibatch 512, {what} | {_ms(r['authors_median_ms'])} |"
                     f" {_ms(r['iclab_median_ms'])} | **{_x(r['ratio'])}** | {describe(cat['provenance'])} |"
                 )
     if bil := _load("bench-bilinear-cpu.json"):
@@ -246,6 +254,12 @@ def paths_table() -> str:
             step["torch.optim.LBFGS"] * 1e3, lb["provenance"])  # fmt: skip
         row(f"L-BFGS two-loop recursion, {lb['history']} pairs, p = {lb['params']}", "C", two["C two-loop"] * 1e3,
             "torch.optim.LBFGS's loop", two["torch two-loop"] * 1e3, lb["provenance"])  # fmt: skip
+    for name, blocks, where in CATEGORICAL_BENCHES:
+        cat = _load(name)
+        fast, general = (cat.get(f"{m}_{blocks}block") for m in ("free", "free_general")) if cat else (None, None)
+        if cat and fast and general:
+            row(f"Wang et al. 2025 {where}, minibatch 512: Trained TF step", "structured first block",
+                fast["iclab_median_ms"], "general blocks", general["iclab_median_ms"], cat["provenance"])  # fmt: skip
     if rf := _load("bench-reduced-flow-cpu.json"):
         for case, what in (("flow", "population-flow step"), ("gd", "moment full-batch GD step")):
             us = rf[case]["us_per_step"]

@@ -22,6 +22,7 @@ from iclab.core import native as native_kernels
 from iclab.core.episode import Episode
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.models import _categorical_fast as fast
+from iclab.models import _quad_form as quad_form
 from iclab.models._categorical_heads import softmax_cross_attention
 
 
@@ -45,13 +46,26 @@ def reference_logits(model: CategoricalTransformer, ep: Episode, points: torch.T
     for k in range(cfg.n_blocks):
         blk = model.blocks[0 if cfg.shared else k]
         heads = torch.zeros_like(z)
-        for h in range(2):  # SA_1 + SA_2 (eq. 36): softmax over the context keys only (queries masked as keys)
-            keys, values, queries = z[:, :n] @ blk.W_K[h].T, z[:, :n] @ blk.W_V[h].T, z @ blk.W_Q[h].T
-            heads = heads + torch.softmax(queries @ keys.mT, dim=-1) @ values @ blk.P[h].T
+        for h in range(2):  # SA_1 + SA_2 (eq. 36): over the context keys only (queries masked as keys)
+            keys, values = z[:, :n] @ blk.W_K[h].T, z[:, :n] @ blk.W_V[h].T
+            queries = z @ blk.W_Q[h].T * cfg.attn_logit_scale
+            heads = heads + _scores(cfg.kernel, keys, queries) @ values @ blk.P[h].T
         zt = z + heads  # ẽ (eq. 37)
         qc, kc, vc = zt @ blk.W_Qc.T, W.T @ blk.W_Kc.T, W.T @ blk.W_Vc.T  # cross-attention (eq. 38-43)
         z = zt + torch.softmax(qc @ kc.T, dim=-1) @ vc @ blk.Pc.T  # eq. (44)
     return z[:, n:, -cfg.d_embed :] @ W  # eq. (7)
+
+
+def _scores(kernel: str, keys: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """(B, T, n) head weights, written out: softmax over the keys, or an unnormalised kernel ÷ n (the authors'
+    value matrices' 1/n)."""
+    if kernel == "softmax":
+        return torch.softmax(queries @ keys.mT, dim=-1)
+    n = keys.shape[1]
+    if kernel == "rbf":
+        return torch.exp(-0.5 * (queries.unsqueeze(2) - keys.unsqueeze(1)).square().sum(-1)) / n
+    inner = queries @ keys.mT
+    return (torch.exp(inner) if kernel == "exp" else inner) / n
 
 
 def _value_and_grads(model: CategoricalTransformer, fn, weights: torch.Tensor):
@@ -112,6 +126,93 @@ def test_fast_path_equals_the_token_level_blocks_at_any_size(
     _check(cfg, B=2, n=n, m=m, seed=seed, nonzero=False)
 
 
+@pytest.mark.parametrize("kernel", ["rbf", "exp", "linear"])
+@pytest.mark.parametrize(("K", "m"), [(1, 1), (1, 3), (2, 1), (3, 2)])
+@pytest.mark.parametrize("c_kernel", [True, False])
+def test_fast_path_of_the_unnormalised_kernels(
+    kernel: str, K: int, m: int, c_kernel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first block on the r-wide sources (first_block_kernel) for rbf, exp and linear heads: logits and all
+    gradients against the written-out blocks (rbf by the direct difference ‖k − t‖², not the Gram expansion) and the
+    general path, float64, 1e-10; one and several queries, later blocks by the general code; rbf's per-key term by
+    ``_quad_form.c`` (where it builds) and by the torch code."""
+    monkeypatch.setattr(quad_form, "NATIVE", c_kernel and quad_form.NATIVE)
+    std = 0.3 if kernel == "rbf" else 0.1  # at 0.3 kᵀt of a deeper block grows to overflow (exp) or saturation
+    cfg = CategoricalTransformerConfig(n_blocks=K, mode="free", kernel=kernel, init_std=std)
+    _check(cfg, B=3, n=20, m=m, seed=5 * K + m)
+
+
+def _quad_inputs(N: int, r: int, H: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = iclab.generator(seed)
+    s = torch.randn(N, r, generator=g, dtype=dtype)
+    K = torch.randn(H, r + 3, r, generator=g, dtype=dtype)
+    return s, K.mT @ K  # symmetric M, as the rbf head's K_hᵀK_h
+
+
+@pytest.mark.skipif(quad_form.native() is None, reason="no C compiler: the torch code runs (tested below)")
+@pytest.mark.parametrize(("N", "r", "H"), [(64_000, 15, 2), (37, 15, 2), (5, 1, 1), (19, 7, 3), (0, 4, 2)])
+def test_quad_form_kernel_equals_the_torch_code(N: int, r: int, H: int) -> None:
+    """``_quad_form.c`` (float64: every lane-tail N, any r and H, no rows) against the torch code: values and both
+    gradients to 1e-12; in float32 to float32 rounding; the same bits on 1 and 3 threads."""
+    for dtype, tol in ((F64, 1e-12), (F32, 1e-5)):
+        s, M = _quad_inputs(N, r, H, dtype, seed=N + r)
+        w = torch.randn(N, H, generator=iclab.generator(1), dtype=dtype)
+        outs = []
+        for c_kernel in (True, False):
+            quad_form.NATIVE = c_kernel
+            try:
+                ss, MM = s.clone().requires_grad_(), M.clone().requires_grad_()
+                a = quad_form.quad_forms(ss, MM)
+                (a * w).sum().backward()
+                outs.append((a.detach(), ss.grad, MM.grad))
+            finally:
+                quad_form.NATIVE = native_kernels.ENABLED
+        for c, t in zip(*outs, strict=True):
+            assert c.shape == t.shape and (N == 0 or rel_diff(c, t) < tol)
+    s, M = _quad_inputs(N, r, H, F64, seed=3)
+    M.requires_grad_()
+    bits = []
+    for threads in (1, 3):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            a = quad_form.quad_forms(s, M)
+            bits.append((a.detach(), *torch.autograd.grad(a.sum(), M)))
+        finally:
+            torch.set_num_threads(old)
+    assert all(torch.equal(x, y) for x, y in zip(*bits, strict=True))
+
+
+@pytest.mark.skipif(quad_form.native() is None, reason="no C compiler: the torch code runs")
+def test_quad_form_kernel_gradcheck_and_first_order_only() -> None:
+    """gradcheck of the C kernel's backward in float64; a backward with create_graph raises (it is first-order)."""
+    s, M = _quad_inputs(21, 5, 2, F64, seed=8)
+    s.requires_grad_()
+    M.requires_grad_()
+    assert quad_form.applies(s, M)
+    assert torch.autograd.gradcheck(quad_form.quad_forms, (s, M))
+    with pytest.raises(RuntimeError, match="model.fast = False"):
+        torch.autograd.grad(quad_form.quad_forms(s, M).sum(), s, create_graph=True)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    kernel=st.sampled_from(["rbf", "exp", "linear"]),
+    K=st.integers(1, 2),
+    d=st.integers(1, 6),
+    dp=st.integers(1, 4),
+    n=st.integers(2, 12),
+    m=st.integers(1, 3),
+)
+def test_fast_path_of_the_unnormalised_kernels_at_any_size(
+    seed: int, kernel: str, K: int, d: int, dp: int, n: int, m: int
+) -> None:
+    cfg = CategoricalTransformerConfig(d=d, d_embed=dp, num_classes=4, n_blocks=K, mode="free", kernel=kernel,
+                                       init_std=0.3 if kernel == "rbf" else 0.1)  # fmt: skip
+    _check(cfg, B=2, n=n, m=m, seed=seed, nonzero=False)
+
+
 def test_fast_path_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """A batch split into chunks of 2 contexts (the last one ragged) gives the same numbers."""
     monkeypatch.setattr(fast, "CHUNK", 2)
@@ -154,10 +255,12 @@ def test_fast_path_in_float32_and_without_gradients() -> None:
 
 
 def test_which_configurations_take_the_fast_path() -> None:
-    """Only the free model with the softmax kernel and an ordinary second head; ``fast = False`` turns it off."""
+    """Only the free model with the softmax, rbf, exp or linear kernel and an ordinary second head; ``fast = False``
+    turns it off."""
     base = {"mode": "free", "kernel": "softmax"}
-    assert CategoricalTransformer(CategoricalTransformerConfig(**base)).uses_fast_path
-    for change in ({"kernel": "exp"}, {"erasure": "rbf"}, {"mode": "gd", "erasure": None}):
+    for kernel in ("softmax", "rbf", "exp", "linear"):
+        assert CategoricalTransformer(CategoricalTransformerConfig(**{**base, "kernel": kernel})).uses_fast_path
+    for change in ({"kernel": "laplacian"}, {"erasure": "rbf"}, {"mode": "gd", "erasure": None}):
         assert not CategoricalTransformer(CategoricalTransformerConfig(**{**base, **change})).uses_fast_path
     model = CategoricalTransformer(CategoricalTransformerConfig(**base))
     model.fast = False

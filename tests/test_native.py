@@ -241,7 +241,9 @@ def test_doctor_reports_every_kernel_disabled(monkeypatch) -> None:
     out = _doctor()
     for line in ("python", "torch", "CPU", "avx2", "C compiler", "ICLAB_NATIVE", "kernel cache"):
         assert line in out
-    for source in ("_kernel_attn.c", "_kv_softmax.c", "_bilinear.c DIM=13 LIVE=5", "_query_attn.c DIM=5", "_sym_abs.c"):
+    sources = ("_kernel_attn.c", "_kv_softmax.c", "_quad_form.c", "_bilinear.c DIM=13 LIVE=5", "_query_attn.c DIM=5",
+               "_sym_abs.c")  # fmt: skip
+    for source in sources:
         row = next(line for line in out.splitlines() if source in line)
         assert "fallback" in row and "disabled by ICLAB_NATIVE=0" in row, row
 

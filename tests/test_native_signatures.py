@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from iclab.core import native, symabs
-from iclab.models import _bilinear_fast, _categorical_fast, _kernel_fast, _moment_fast, _query_fast
+from iclab.models import _bilinear_fast, _categorical_fast, _kernel_fast, _moment_fast, _quad_form, _query_fast
 from iclab.tasks import polynomial
 from iclab.training import _reduced_flow, lbfgs
 
@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(
 KERNELS = {
     "kernel_attn": (_kernel_fast, {}),
     "kv_softmax": (_categorical_fast, {}),
+    "quad_form": (_quad_form, {}),
     "bilinear": (_bilinear_fast, {"DIM": 13, "LIVE": 5}),
     "query_attn": (_query_fast, {"DIM": 5}),
     "moment_attn": (_moment_fast, {"DIM": 6}),

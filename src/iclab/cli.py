@@ -651,6 +651,7 @@ def bench(
 DOCTOR_KERNELS = (
     ("Cheng et al.'s kernel-attention stack", "iclab.models._kernel_fast", ()),
     ("Wang et al.'s Trained TF softmax head", "iclab.models._categorical_fast", ()),
+    ("Wang et al.'s Trained TF rbf head (per-key term)", "iclab.models._quad_form", ()),
     ("Sun et al.'s bilinear stack, d = 4", "iclab.models._bilinear_fast", (13, 5)),
     ("Zhang et al.'s query row, d = 4", "iclab.models._query_fast", (5,)),
     ("Ahn et al.'s linear stack (moment form), d = 5", "iclab.models._moment_fast", (6,)),

@@ -436,17 +436,19 @@ def _sun_eval(prompts: int, n: int, blocks: int) -> Callable[[torch.device], Cas
     return build
 
 
-def _wang_cat(mode: str, batch: int, n: int = 125) -> Callable[[torch.device], Case]:
-    """Wang et al. 2025 §6.1: an Adam step of the 2-block softmax categorical model (d = 10, C = 25, d' = 5,
-    N = ``n``; ``mode`` 'gd': the GD model, 'free': the Trained TF and its fast path) on a minibatch; FLOPs of the
-    general block pass in torch."""
+def _wang_cat(
+    mode: str, batch: int, n: int = 125, *, kernel: str = "softmax", blocks: int = 2
+) -> Callable[[torch.device], Case]:
+    """Wang et al. 2025 §6.1: an Adam step of the ``blocks``-block categorical model with ``kernel`` attention
+    (d = 10, C = 25, d' = 5, N = ``n``; ``mode`` 'gd': the GD model, 'free': the Trained TF and its fast path) on a
+    minibatch; FLOPs of the general block pass in torch."""
 
     def build(device: torch.device) -> Case:
         from iclab.models import CategoricalTransformer, CategoricalTransformerConfig, _categorical_fast
         from iclab.tasks.categorical import RBFMixtureCategorical
 
         task = RBFMixtureCategorical.draw(generator=generator(0))
-        cfg = CategoricalTransformerConfig(n_blocks=2, kernel="softmax", mode=mode)  # type: ignore[arg-type]
+        cfg = CategoricalTransformerConfig(n_blocks=blocks, kernel=kernel, mode=mode)  # type: ignore[arg-type]
         model = CategoricalTransformer(cfg, generator=generator(1)).to(device)
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-3)
         ep = task.sample(batch, n, generator=generator(2, device))
@@ -464,16 +466,17 @@ def _wang_cat(mode: str, batch: int, n: int = 125) -> Callable[[torch.device], C
                 _categorical_fast.NATIVE, model.fast = native, True
 
         what = {"gd": "GD model", "free": "Trained TF"}[mode]
+        where = "§6.1" if kernel == "softmax" else f"Fig. 2, {kernel} attention"
         return Case(
-            label=f"Wang et al. 2025 §6.1: 2 blocks, N = {n}, minibatch {batch}, {what}",
+            label=f"Wang et al. 2025 {where}: {blocks} block{'s' * (blocks > 1)}, N = {n}, minibatch {batch}, {what}",
             shape=Shape(
                 batch=batch,
                 tokens=n + 1,
                 width=15,
-                sublayers=2,
+                sublayers=blocks,
                 params=_n_params(model),
                 scores=(n + 1) * n,
-                score_layers=2,
+                score_layers=blocks,
                 logits=25,
             ),
             step=_train_step(lambda: ce(model.predict(ep), labels), opt, clip=1.0),
@@ -555,6 +558,7 @@ def cases(smoke: bool = False) -> dict[str, Callable[[torch.device], Case]]:
     out["sun2025.eval"] = _sun_eval(64 if s else 100_000, 5 if s else 200, 1 if s else 6)
     for mode in ("free", "gd"):
         out[f"wang2025.s61.{mode}"] = _wang_cat(mode, 4 if s else 512, 8 if s else 125)
+    out["wang2025.fig2_rbf.free"] = _wang_cat("free", 4 if s else 512, 8 if s else 125, kernel="rbf", blocks=1)
     size = dict(seq_len=8, d_embed=16, heads=2, batch=2) if s else dict(seq_len=256, d_embed=512, heads=8, batch=64)
     for name in ("gd", "gd_ff", "gpt"):
         out[f"wang2025.language.{name}"] = _wang_language(name, **size)

@@ -1,7 +1,7 @@
 """The Trained TF's fast path: :class:`~iclab.models.categorical_attention.CategoricalTransformer` with less work.
 
-Taken by ``mode='free'``, ``kernel='softmax'``, ``erasure='kernel'`` (the authors' Trained TF: free matrices, both
-self-attention heads ordinary softmax heads), see ``CategoricalTransformer.uses_fast_path``. Paper tokens are columns
+Taken by ``mode='free'``, ``erasure='kernel'`` (the authors' Trained TF: free matrices, both self-attention heads
+ordinary heads) with the softmax, linear, exp or rbf kernel, see ``CategoricalTransformer.uses_fast_path``. Paper tokens are columns
 e = (x; u; E; f) ∈ R^{d+3d'} (eq. 4); here rows (B, T, D). A head's score is s_ij = (W_K e_i)ᵀ(W_Q e_j) = e_iᵀ A e_j
 with A = W_Kᵀ W_Q, its output P Σ_i softmax_i(s_ij) W_V e_i = V Σ_i softmax_i(s_ij) e_i with V = P W_V (eq. 26-30
 with free matrices; the softmax runs over the n context tokens, queries masked as keys).
@@ -12,6 +12,10 @@ with free matrices; the softmax runs over the n context tokens, queries masked a
   V[:,E] w̄_e. Both heads therefore attend with r-wide (15-wide at §6.1) queries to the same keys = values s_i,
   instead of D = 25-wide keys and values: one :class:`_SharedKVSoftmax` over 2T query rows (heads interleaved), with
   a hand-written backward (the x columns, data, get no gradient; only the d' columns of u do).
+* **First block, unnormalised kernels** (:func:`first_block_kernel`: linear, exp, rbf). Nothing cancels, but every
+  score is still s_iᵀb_j plus a per-query term (and for rbf a per-key one, ‖K_h s_i‖²/2): the heads read the r-wide
+  s_i and their values are V_h,s s_i plus a constant, in torch but for rbf's per-key quadratic forms (the C kernel
+  ``_quad_form.c``, :mod:`iclab.models._quad_form`); docs/performance.md times it against the general block.
 * **Query-only block** (the last block: the readout needs the query tokens only): s_iq = e_iᵀ (A e_q), so a query
   needs A e_q (one D-vector per head) and Σ_i p_iq e_i; no key or value projection of the n context tokens.
 * Cross-attention (eq. 38-44): the matrix chains are folded, logits ẽ (W_Q^cᵀ W_K^c W_e) and values
@@ -41,6 +45,7 @@ from torch import Tensor, nn
 
 from iclab.core import native as native_kernels
 from iclab.core.threads import map_on_threads
+from iclab.models._quad_form import quad_forms
 
 #: contexts per thread in one chunk of :class:`_SharedKVSoftmax`: a chunk's (c, M, n) scores stay in L2 (measured:
 #: 4-16 equally good, the whole batch at once 1.4× slower)
@@ -294,6 +299,62 @@ def first_block(
     z_tgt = torch.cat([s_tgt + bv[src], (wbar + bv[E]).expand(B, Tt, dp), bv[r + dp :].expand(B, Tt, dp)], dim=-1)
     zt = torch.addmm(z_tgt.view(B * Tt, -1), o, Wv.T)  # (B T', D)
     return _cross(blk, W, zt).view(B, Tt, -1)
+
+
+#: the unnormalised kernels whose first free block runs on the r-wide s_i (:func:`first_block_kernel`)
+STRUCTURED_KERNELS = ("linear", "exp", "rbf")
+
+
+def first_block_kernel(
+    blk: BlockWeights,
+    W: Tensor,
+    x: Tensor,
+    U: Tensor,
+    n: int,
+    *,
+    kernel: str,
+    last: bool,
+    divide_by_n: bool = True,
+) -> Tensor:
+    """:func:`first_block` for the unnormalised kernels of :data:`STRUCTURED_KERNELS` (linear kᵀt, exp exp(kᵀt), rbf
+    exp(−‖k − t‖²/2), ÷ n with ``divide_by_n``), the same arguments and result (their logits are not scaled).
+
+    On e_i = (s_i; w̄_e; 0) head h's key is k_i = K_h s_i + κ_h (K_h = W_K,h[:, s], κ_h = W_K,h[:, E] w̄_e) and its query
+    t_j = W_Q,h e_j, so k_iᵀt_j = s_iᵀ(K_hᵀt_j) + κ_hᵀt_j and, with t'_j = t_j − κ_h,
+    −‖k_i − t_j‖²/2 = s_iᵀ(K_hᵀt'_j) − s_iᵀ(K_hᵀK_h)s_i/2 − ‖t'_j‖²/2: every score is s_iᵀb_j + c_j − a_i with r-wide b_j
+    (a = 0 but for rbf). The value P_h W_V,h e_i = V_h,s s_i + V_h,E w̄_e, so head h writes
+    (V_h,s Σ_i κ_ij s_i + V_h,E w̄_e Σ_i κ_ij) / n: no D-wide key, query or value of a context token is formed (the
+    general block projects every token to 4 D columns, ~10× the work of this one at Fig. 2's one block)."""
+    B, T, d = x.shape
+    dp, D = U.shape[-1], blk.W_Q.shape[-1]
+    r = d + dp
+    wbar = W.mean(1)  # (d',) w̄_e, the E slot of every token
+    src, E = slice(0, r), slice(r, r + dp)
+    Ks, kc = blk.W_K[:, :, src], blk.W_K[:, :, E] @ wbar  # (2, D, r), (2, D)
+    tgt = slice(n, T) if last else slice(0, T)
+    s_tgt, s_ctx = torch.cat([x[:, tgt], U[:, tgt]], dim=-1), torch.cat([x[:, :n], U[:, :n]], dim=-1)
+    Tt = s_tgt.shape[1]
+    t = (s_tgt.reshape(B * Tt, r) @ blk.W_Q[:, :, src].reshape(2 * D, r).T).view(B * Tt, 2, D)
+    t = t + blk.W_Q[:, :, E] @ wbar  # (B T', 2, D)
+    if kernel == "rbf":
+        t = t - kc
+        c = -0.5 * t.square().sum(-1)  # (B T', 2)
+        a = quad_forms(s_ctx.reshape(B * n, r), Ks.mT @ Ks).view(B, n, 2).mT.unsqueeze(1)  # (B, 1, 2, n) ‖K_h s_i‖²/2
+    else:
+        c = (t * kc).sum(-1)
+    b = torch.einsum("jhD,hDr->jhr", t, Ks).reshape(B, Tt * 2, r)  # rows (target, head)
+    scores = (s_ctx @ b.mT).mT.view(B, Tt, 2, n) + c.view(B, Tt, 2, 1)  # ctx on the left: its gradient row-major
+    if kernel == "rbf":
+        w = torch.exp((scores - a).clamp_max(0))  # −‖k − t‖²/2 <= 0, as gram's clamp of the expansion
+    else:
+        w = torch.exp(scores) if kernel == "exp" else scores
+    w = w.view(B, Tt * 2, n)
+    V = blk.P @ blk.W_V  # (2, D, D) head h's value and output map
+    o = torch.cat([(w @ s_ctx).view(B * Tt, 2 * r), w.sum(-1).view(B * Tt, 2)], dim=-1)  # [Σκs_0 | Σκs_1 | Σκ_0 | Σκ_1]
+    Wv = torch.cat([V[:, :, src].permute(1, 0, 2).reshape(D, 2 * r), (V[:, :, E] @ wbar).T], dim=-1)  # (D, 2r + 2)
+    e_tgt = torch.cat([s_tgt, wbar.expand(B, Tt, dp), s_tgt.new_zeros(B, Tt, dp)], dim=-1).view(B * Tt, D)
+    zt = torch.addmm(e_tgt, o, Wv.T, alpha=1 / n if divide_by_n else 1)  # ẽ (eq. 37)
+    return _cross(blk, W, zt.view(B, Tt, D))
 
 
 def query_block(blk: BlockWeights, W: Tensor, z: Tensor, n: int, *, logit_scale: float = 1.0) -> Tensor:

@@ -25,10 +25,11 @@ directly (no zero blocks multiplied; with the softmax kernel head 1 runs in the 
 :class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:func:`iclab.constructions.gd_algorithm`).
 ``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
 W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
-:func:`iclab.constructions.categorical_gd` loads the GD form into a free model. With ``kernel='softmax'`` and
-``erasure='kernel'`` (the authors' Trained TF) ``predict`` takes the fast path of :mod:`iclab.models._categorical_fast`:
-block 1 on the structured tokens of eq. (4)/(23) with (d + d')-wide keys = values, the last block at the queries only;
-the same function to float rounding (``model.fast = False``: the general block pass below).
+:func:`iclab.constructions.categorical_gd` loads the GD form into a free model. With ``erasure='kernel'`` (the authors'
+Trained TF) and the softmax, linear, exp or rbf kernel ``predict`` takes the fast path of
+:mod:`iclab.models._categorical_fast`: block 1 on the structured tokens of eq. (4)/(23) with (d + d')-wide keys, the
+last block at the queries only; the same function to float rounding (``model.fast = False``: the general block pass
+below).
 
 Erasure head (``erasure``):
 
@@ -392,21 +393,30 @@ class CategoricalTransformer(_EmbeddingModel):
 
     @property
     def uses_fast_path(self) -> bool:
-        """``mode='free'``, ``kernel='softmax'``, ``erasure='kernel'`` (the authors' Trained TF) and :attr:`fast`:
-        :meth:`predict_points` runs :mod:`iclab.models._categorical_fast` (block 1 on the structured tokens of eq. 4/23
-        with (d + d')-wide keys, middle blocks by :meth:`_free_block`, the last block at the queries only); the same
-        function as the general path to float rounding."""
+        """``mode='free'``, ``erasure='kernel'`` (the authors' Trained TF), kernel softmax, linear, exp or rbf, and
+        :attr:`fast`: :meth:`predict_points` runs :mod:`iclab.models._categorical_fast` (block 1 on the structured
+        tokens of eq. 4/23 with (d + d')-wide keys, middle blocks by :meth:`_free_block`, the last block at the queries
+        only); the same function as the general path to float rounding."""
         cfg = self.config
-        return self.fast and cfg.mode == "free" and cfg.kernel == "softmax" and cfg.erasure == "kernel"
+        kernels = ("softmax", *fast.STRUCTURED_KERNELS)
+        return self.fast and cfg.mode == "free" and cfg.kernel in kernels and cfg.erasure == "kernel"
 
     def _free_fast(self, episode: Episode, points: Tensor | None) -> Tensor:
-        n, K, W = episode.n, self.config.n_blocks, self.W_e
-        s = self.config.attn_logit_scale
-        z = fast.first_block(self._block(0), W, *self._embed_xu(episode, points), n, last=K == 1, logit_scale=s)
+        cfg, n, W = self.config, episode.n, self.W_e
+        K, s = cfg.n_blocks, cfg.attn_logit_scale
+        x, U = self._embed_xu(episode, points)
+        if cfg.kernel == "softmax":
+            z = fast.first_block(self._block(0), W, x, U, n, last=K == 1, logit_scale=s)
+        else:
+            z = fast.first_block_kernel(self._block(0), W, x, U, n, kernel=cfg.kernel, last=K == 1,
+                                        divide_by_n=cfg.divide_by_n)  # fmt: skip
         for k in range(1, K - 1):
             z = self._free_block(z, n, k)
-        z = fast.query_block(self._block(K - 1), W, z, n, logit_scale=s) if K > 1 else z
-        return z[..., -self.config.d_embed :] @ W  # (B, m, C) readout (eq. 7)
+        if K > 1 and cfg.kernel == "softmax":  # the last block at the queries only
+            z = fast.query_block(self._block(K - 1), W, z, n, logit_scale=s)
+        elif K > 1:
+            z = self._free_block(z, n, K - 1, last=True)
+        return z[..., -cfg.d_embed :] @ W  # (B, m, C) readout (eq. 7)
 
     def _gd_identity_erasure(self, episode: Episode, points: Tensor | None) -> Tensor:
         """GD with the exact erasure δ_ij: the same numbers as K :meth:`_gd_block` passes, with less work.
