@@ -23,7 +23,7 @@ from iclab.core.episode import Episode
 from iclab.models import CategoricalTransformer, CategoricalTransformerConfig
 from iclab.models import _categorical_fast as fast
 from iclab.models import _quad_form as quad_form
-from iclab.models._categorical_heads import softmax_cross_attention
+from iclab.models._categorical_heads import head_weights, scaled_head_weights, softmax_cross_attention
 
 
 def _episode(B: int, n: int, d: int, C: int, seed: int, dtype: torch.dtype = F64) -> Episode:
@@ -241,9 +241,10 @@ def test_shared_kv_softmax_gradcheck() -> None:
         fast.CHUNK = old
 
 
-def test_fast_path_in_float32_and_without_gradients() -> None:
+@pytest.mark.parametrize("kernel", ["softmax", "rbf"])
+def test_fast_path_in_float32_and_without_gradients(kernel: str) -> None:
     """float32 at the §6.1 sizes: fast and general paths agree to float rounding; so does a no-grad pass."""
-    cfg = CategoricalTransformerConfig(n_blocks=2, mode="free", kernel="softmax", init_std=0.3)
+    cfg = CategoricalTransformerConfig(n_blocks=2, mode="free", kernel=kernel, init_std=0.3)
     model = CategoricalTransformer(cfg, generator=iclab.generator(0))
     ep = _episode(4, 125, 10, 25, seed=1, dtype=F32)
     logits = model.predict(ep)
@@ -353,6 +354,42 @@ def test_gd_softmax_fast_path_equals_the_general_pass(
         assert rel_diff(got[0], ref[0]) < 1e-10
         for g_fast, g_ref in zip(got[1], ref[1], strict=True):
             assert rel_diff(g_fast, g_ref) < 1e-10
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "exp", "linear", "laplacian"])
+@pytest.mark.parametrize("K", [1, 2])
+def test_gd_scaled_weights_equal_the_general_pass(kernel: str, K: int) -> None:
+    """The GD model with an unnormalised kernel: head 1's weights from the data's Gram matrix, then the scale
+    (scaled_head_weights) = the general pass on the scaled inputs, float64 to 1e-10 relative, values and the gradients
+    of α, the scale and W_e, one query and several."""
+    cfg = CategoricalTransformerConfig(n_blocks=K, kernel=kernel, scale_init=0.8)
+    model = CategoricalTransformer(cfg, generator=iclab.generator(K)).double()
+    with torch.no_grad():
+        model.alpha.copy_(0.5 + torch.rand(model.alpha.shape, generator=iclab.generator(7), dtype=F64))
+    ep = _episode(3, 30, 10, 25, seed=K)
+    points = torch.rand(3, 10, generator=iclab.generator(9), dtype=F64) * 2 - 1
+    for pts in (None, points):
+        got, ref = _gd_pass(model, ep, pts, True), _gd_pass(model, ep, pts, False)
+        assert rel_diff(got[0], ref[0]) < 1e-10 and got[0].abs().max() > 1e-3
+        assert len(got[1]) == len(ref[1]) >= 2
+        for g_fast, g_ref in zip(got[1], ref[1], strict=True):
+            assert rel_diff(g_fast, g_ref) < 1e-10
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "exp", "linear", "laplacian", "softmax"])
+def test_scaled_head_weights_keep_the_data_gradient_where_asked(kernel: str) -> None:
+    """Data that needs a gradient (an attribution) gets it: those inputs take head_weights on the scaled inputs; the
+    weights and the scale's gradient are the same either way."""
+    g = iclab.generator(3)
+    keys, queries = torch.randn(2, 7, 4, generator=g, dtype=F64), torch.randn(2, 3, 4, generator=g, dtype=F64)
+    scale = torch.tensor(0.7, dtype=F64, requires_grad=True)
+    w = scaled_head_weights(kernel, scale, keys, queries)
+    ref = head_weights(kernel, scale * keys, scale * queries)
+    assert rel_diff(w, ref) < 1e-12
+    assert rel_diff(*(torch.autograd.grad(t.sum(), scale)[0] for t in (w, ref))) < 1e-12
+    keys.requires_grad_()
+    (gk,) = torch.autograd.grad(scaled_head_weights(kernel, scale, keys, queries).sum(), keys)
+    assert gk.abs().max() > 0
 
 
 @pytest.mark.parametrize("native", [True, False])

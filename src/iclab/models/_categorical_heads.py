@@ -78,6 +78,31 @@ def head_weights(kernel: KernelName, keys: Tensor, queries: Tensor) -> Tensor:
     return gram(kernel, keys, queries).transpose(1, 2)
 
 
+def scaled_head_weights(kernel: KernelName, scale: Tensor, keys: Tensor, queries: Tensor) -> Tensor:
+    """:func:`head_weights` of ``scale`` · keys and ``scale`` · queries for a scalar ``scale`` (the GD model's a, eq.
+    26-30 with W_Q = W_K = a[I_d 0]), (B, T, n): the data's inner products (linear, exp) or distances (rbf: squared,
+    laplacian: L1) are formed without autograd and the scale enters after them, so the backward is elementwise on the
+    weights alone (no gradient for the data, whose (B, n, d) products with a were most of a step). Keys or queries
+    that need a gradient, and softmax, take :func:`head_weights` on the scaled inputs."""
+    if kernel == "softmax" or keys.requires_grad or queries.requires_grad:
+        return head_weights(kernel, scale * keys, scale * queries)
+    with torch.no_grad():
+        if kernel == "laplacian":
+            base = (queries.unsqueeze(-2) - keys.unsqueeze(-3)).abs().sum(-1)
+        else:
+            base = queries @ keys.mT  # (B, T, n)
+            if kernel == "rbf":  # ‖t − k‖² = ‖t‖² + ‖k‖² − 2 tᵀk, as gram expands it
+                sq = queries.square().sum(-1, keepdim=True) + keys.square().sum(-1).unsqueeze(-2)
+                base = (sq - 2 * base).clamp_min(0)
+    if kernel == "linear":
+        return scale * scale * base
+    if kernel == "exp":
+        return torch.exp(scale * scale * base)
+    if kernel == "rbf":
+        return torch.exp(-0.5 * scale * scale * base)
+    return torch.exp(-scale.abs() * base)
+
+
 def erasure_weights(kind: str | None, keys: Tensor, queries: Tensor, n: int) -> tuple[Tensor, Tensor]:
     """Weights of the erasure head: (context weights (B, n, T), self weights (B, T)).
 

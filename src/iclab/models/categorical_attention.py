@@ -21,7 +21,9 @@ and, for :meth:`predict_points`, m queries after the n context tokens. Initially
 diagonal step per block, or one for all blocks when ``shared``), a kernel scale a (W_Q = W_K = a[I_d 0];
 not learned for the linear kernel, where it only rescales α) and W_e. It is computed on the blocks
 directly (no zero blocks multiplied; with the softmax kernel head 1 runs in the fused kernel of
-:mod:`iclab.models._categorical_fast`, keys a x_i and values packed as its sources), and K blocks equal K steps of
+:mod:`iclab.models._categorical_fast`, keys a x_i and values packed as its sources; with the others its weights are
+the data's Gram matrix with a applied after it, :func:`~iclab.models._categorical_heads.scaled_head_weights`), and
+K blocks equal K steps of
 :class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:func:`iclab.constructions.gd_algorithm`).
 ``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
 W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
@@ -72,7 +74,7 @@ from iclab.core.episode import Episode
 from iclab.core.errors import ShapeError, require, require_int
 from iclab.models import _categorical_fast as fast
 from iclab.models._categorical_heads import erasure_failure_rate as erasure_failure_rate
-from iclab.models._categorical_heads import erasure_weights, head_weights, kernel_head
+from iclab.models._categorical_heads import erasure_weights, head_weights, kernel_head, scaled_head_weights
 from iclab.models._categorical_heads import softmax_cross_attention as softmax_cross_attention
 from iclab.models._categorical_heads import weigh as weigh
 
@@ -432,13 +434,16 @@ class CategoricalTransformer(_EmbeddingModel):
         K, n = cfg.n_blocks, episode.n
         q = self._check(episode, points)
         a = self.kernel_scale
-        x_ctx, x_q = a * episode.x, a * q
         if self.fast and cfg.kernel == "softmax":
-            return self._gd_softmax_fast(episode, x_ctx, x_q)
+            return self._gd_softmax_fast(episode, a * episode.x, a * q)
         U, E = self.W_e.T[episode.labels], self.W_e.mean(1)  # (B, n, d'), (d',): every context token's E at first
-        F_ctx, F_q = U.new_zeros(U.shape), U.new_zeros(*x_q.shape[:2], U.shape[-1])  # (B, n, d'), (B, m, d')
-        w_q = head_weights(cfg.kernel, x_ctx, x_q)  # (B, m, n)
-        w_c = head_weights(cfg.kernel, x_ctx, x_ctx) if K > 1 else None  # (B, n, n)
+        F_ctx, F_q = U.new_zeros(U.shape), U.new_zeros(*q.shape[:2], U.shape[-1])  # (B, n, d'), (B, m, d')
+        if self.fast:  # the data's Gram matrix without autograd, then a (see scaled_head_weights)
+            w_q = scaled_head_weights(cfg.kernel, a, episode.x, q)  # (B, m, n)
+            w_c = scaled_head_weights(cfg.kernel, a, episode.x, episode.x) if K > 1 else None  # (B, n, n)
+        else:
+            w_q = head_weights(cfg.kernel, a * episode.x, a * q)
+            w_c = head_weights(cfg.kernel, a * episode.x, a * episode.x) if K > 1 else None
         scale = 1.0 / n if cfg.divide_by_n and cfg.kernel != "softmax" else 1.0
         W = self.W_e.T  # (C, d')
         for k in range(K):
