@@ -13,15 +13,15 @@ Claims:
 - no_model_beats_bayes: min over models of the paired (loss − Bayes)/s.e. >= tol.bayes_z_min (−3)
 
 Time on 2 CPU cores: quick 45-51 s under load (K^relu/relu and K^exp/softmax, 1 seed, 300 steps of 1000 prompts;
-2 models); paper 9.4 core-hours (9 pairs, 3 seeds, 12 000 steps of 30 000 prompts at n = 30; 27 models), ≈ 4.7 h with
-``--workers 2``.
+2 models); paper 3.0 h with ``--workers 2`` (9 pairs, 3 seeds, 12 000 steps of 30 000 prompts at n = 30; 27 models;
+9.4 core-hours projected).
 
 What did not match: at quick, A_0, A_1 and B₂ᵀC₂ stay far from αI (0.5-0.95; one of 10 curves, A_1 of
 K^relu/relu, ends above its start), so quick checks the trend only; the level (≤ 0.2) is left to ``paper``. The
 paper gives no iteration count: at 3000 steps (3 seeds) the median final distance is 0.28, the first layer at the
-Thm 4.6 point (Σ½B₀ᵀC₀Σ½ median 0.04) and the later ones not (B₂ᵀC₂ 0.49, A₁ 0.73); at 12 000 steps K^relu/relu
-ends with every matrix ≤ 0.07 and K^linear/linear still falls (median 0.199, 3/3), so the paper preset trains 12 000
-steps. See docs/papers/cheng2024.md.
+Thm 4.6 point (Σ½B₀ᵀC₀Σ½ median 0.04) and the later ones not (B₂ᵀC₂ 0.49, A₁ 0.73), so the paper preset trains
+12 000 steps: 3/3, median 0.025, the linear h̃ furthest (K^linear/linear 0.27) and A₁ of two runs still at its start.
+See docs/papers/cheng2024.md.
 """
 
 from __future__ import annotations

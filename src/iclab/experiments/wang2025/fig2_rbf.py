@@ -18,8 +18,8 @@ Claims (fig2's tolerances):
 - tf_nll_decreases_with_L: the TF's NLL rises by <= 0.02 between successive L.
 - gd_beats_tf_at_smallest_L: acc_GD − acc_TF >= 0 at the smallest L.
 
-Time on 2 CPU cores: quick ≈ 11 s; paper ≈ 75 core-hours projected, the longest run 5.6 h (a GPU job); 1 seed at
-800 updates a run gives 8/8 in 5.4 min.
+Time on 2 CPU cores: quick ≈ 5 s; paper 14.4 core-hours projected, the longest run 1.1 h (≈ 7.2 h with
+``--workers 2``); 1 seed at 800 updates a run gives 8/8 in 5.4 min.
 
 What did not match: nothing at quick (docs/papers/wang2025.md "Fig. 2 with RBF attention"). The paper's text has no
 RBF numbers, so only the qualitative statements are compared; RBF is ≈ 0.06 below softmax at quick and its GD model
