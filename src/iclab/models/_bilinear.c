@@ -39,11 +39,7 @@
 #if LIVE < 1 || LIVE > DB
 #error "LIVE must be in 1 … DIM - 1"
 #endif
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
+#include "_lanes.h" /* VBYTES */
 enum { TILE = 24 }; /* tokens per tile of the passes that sum over tokens (their operands stay in L1) */
 
 int bl_lanes_f32(void) { return VBYTES / 4; }
@@ -58,8 +54,6 @@ int bl_lanes_f64(void) { return VBYTES / 8; }
 #else /* one instance for the real type of PER_REAL */
 
 #include "../core/_per_real.h"
-#undef vec
-#undef W
 #undef SPLAT
 #undef GATHER
 #undef LANE_INDEX
@@ -86,9 +80,7 @@ int bl_lanes_f64(void) { return VBYTES / 8; }
 #define GATHER(p, idx) ((vec)_mm256_i32gather_pd(p, idx, 8))
 #endif
 #endif
-#define W (VBYTES / (int)sizeof(real))
-typedef real NAME(vec_t) __attribute__((vector_size(VBYTES), aligned(VBYTES)));
-#define vec NAME(vec_t)
+#include "_lanes.h" /* vec, W */
 #define UNROLL _Pragma("GCC unroll 32")
 
 /* ---- the group's tokens ------------------------------------------------------------------------------------ */

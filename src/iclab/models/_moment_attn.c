@@ -34,11 +34,7 @@
 #ifndef DIM
 #error "compile with -DDIM=<tokens' width>"
 #endif
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
+#include "_lanes.h" /* VBYTES */
 #define MAX_LAYERS 64
 #define MAX_HEADS 64
 
@@ -54,11 +50,7 @@ int ma_lanes_f64(void) { return VBYTES / 8; }
 #else /* one instance for the real type of PER_REAL */
 
 #include "../core/_per_real.h"
-#undef vec
-#undef W
-#define W (VBYTES / (int)sizeof(real))
-typedef real NAME(vec_t) __attribute__((vector_size(VBYTES), aligned(VBYTES)));
-#define vec NAME(vec_t)
+#include "_lanes.h" /* vec, W */
 #define UNROLL _Pragma("GCC unroll 32")
 #define DD (DIM * DIM)
 

@@ -16,11 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
+#include "_lanes.h" /* VBYTES */
 #define MAX_R 64 /* the widest rows */
 
 int qf_lanes_f32(void) { return VBYTES / 4; }
@@ -35,11 +31,7 @@ int qf_lanes_f64(void) { return VBYTES / 8; }
 #else /* one instance for the real type of PER_REAL */
 
 #include "../core/_per_real.h"
-#undef vec
-#undef W
-#define W (VBYTES / (int)sizeof(real))
-typedef real NAME(vec_t) __attribute__((vector_size(VBYTES), aligned(VBYTES)));
-#define vec NAME(vec_t)
+#include "_lanes.h" /* vec, W */
 
 /* rows i0 … i0 + m − 1 of s (N x r) into S[k], lane l = row i0 + l; lanes m … W − 1 are zero */
 static void NAME(rows_in)(const real *s, long i0, int m, int r, vec *S) {
