@@ -17,8 +17,8 @@ A mean loss of inf (float64 overflow: on prompts far shorter than its training o
 block squaring its input; App. H's "the variance becomes quite large") counts as a loss above any finite one in the
 two short-prompt claims.
 
-Time on 2 CPU cores: quick 16 s (L = 2, n_train ∈ {25, 100}, 400 steps); paper 17 core-hours (4 lengths × 5 seeds ×
-20 000 steps × 4000 prompts; the longest run 1.4 h), ≈ 1.4 h on 20 Ray workers.
+Time on 2 CPU cores: quick 16 s (L = 2, n_train ∈ {25, 100}, 400 steps); paper 10.0 core-hours (4 lengths × 5 seeds ×
+20 000 steps × 4000 prompts; the longest run 40 min), ≈ 40 min on 20 Ray workers.
 
 What did not match: App. H gives d̄ = 4, which leaves no scratch row (d̄ = 12 of App. I is used) and n_train = 250
 where App. I says 280; the paper's bands are ½ std (± 1 std here). See docs/papers/sun2025.md and docs/errata.md

@@ -18,9 +18,9 @@ Claims, one pair per L in ``blocks``, named here for L = 2 (also ``_L4`` at pape
 - both_orders_below_linear_floor_L2: max over orders and seeds of (loss + ``floor_sigmas``·σ) <= the Prop. 1 floor
   d(d+3)/2.
 
-Time on 2 CPU cores: quick ≈ 13-35 s (L = 2 and FFN-first L = 1, n = 50, 700 steps); paper ≈ 23 core-hours (5 seeds ×
+Time on 2 CPU cores: quick ≈ 13-35 s (L = 2 and FFN-first L = 1, n = 50, 700 steps); paper 12.4 core-hours (5 seeds ×
 20 000 steps × 4000 prompts for FFN-first L ∈ {1, 2, 3, 4} and attention-first L ∈ {2, 4}; 30 runs, the longest
-≈ 1 h), ≈ 1 h on 30 Ray workers.
+37 min), ≈ 37 min on 30 Ray workers.
 
 What did not match: the equal-depth reading of the remark (see above). At quick L = 4 diverges at lr 1e-2, and at
 L = 3 the FFN-first model hits outlier prompts (test loss 66.6): that is the instability, not evidence about the

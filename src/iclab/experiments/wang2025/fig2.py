@@ -19,8 +19,8 @@ Claims:
 - tf_nll_decreases_with_L: the TF's NLL rises by <= 0.02 between successive L.
 - gd_beats_tf_at_smallest_L: acc_GD − acc_TF >= 0 at the smallest L.
 
-Time on 2 CPU cores: quick ≈ 11 s (one seed, L ∈ {512, 4096}, 150 updates of 128, lr 0.03); paper ≈ 29 core-hours
-projected, the longest run 2.4 h (Ray or a GPU); 1 seed at 2000 updates a run passes 8/8 in 3 min.
+Time on 2 CPU cores: quick ≈ 11 s (one seed, L ∈ {512, 4096}, 150 updates of 128, lr 0.03); paper 11.5 core-hours
+projected, the longest run 41 min (≈ 5.8 h with ``--workers 2``); 1 seed at 2000 updates a run passes 8/8 in 3 min.
 
 What did not match: nothing at quick (docs/papers/wang2025.md "Quick presets"); the paper's figure values are not in
 its text, so only the qualitative statements are compared, and quick uses one constant lr 0.03 for both models.

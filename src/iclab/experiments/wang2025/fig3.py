@@ -14,7 +14,7 @@ Claims:
 - two_blocks_beat_one: acc(2) − acc(1) >= 0.005 (paper +0.016; quick 0).
 - gd_two_block_accuracy_matches_paper: acc(2) = 0.718 ± 0.03 (quick ± 0.05).
 
-Time on 2 CPU cores: quick ≈ 7 s (one seed, blocks 1, 2, 4, 100 updates of 64); paper ≈ 20 core-hours projected
+Time on 2 CPU cores: quick ≈ 7 s (one seed, blocks 1, 2, 4, 100 updates of 64); paper 15.7 core-hours projected
 (5 seeds × 20 000 updates for each of 1-6 blocks), the longest run 70 min (Ray or a GPU); 1 seed at 500 updates
 gives 2/4 in 5 min: 4-6 blocks already at the paper's 0.73, 2-3 blocks (lr 5e-4) not yet trained.
 

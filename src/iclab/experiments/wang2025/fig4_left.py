@@ -19,7 +19,7 @@ Claims:
 - gd_accuracy_matches_paper: GD accuracy at L = 2048 is 0.718 ± 0.03 (quick ± 0.05; not at smoke).
 
 Time on 2 CPU cores: quick ≈ 14 s (one seed, L ∈ {512, 2048}, 100 updates of 64); paper (80 runs, 11.8 M updates)
-≈ 304 core-hours projected, the longest run 9.4 h (a GPU job or a Ray cluster); 1 seed at 300 updates a run gives
+219 core-hours projected, the longest run 9.3 h (a GPU job or a Ray cluster); 1 seed at 300 updates a run gives
 4/9 in 7.7 min: at that budget L cannot act and neither model is trained.
 
 What did not match: at quick the TF is not expected to match GD (the paper's own 2-block TF matches only at
