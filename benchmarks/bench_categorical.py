@@ -165,10 +165,9 @@ def main() -> None:
                  "free_general": "Trained TF (general path)"}[name]  # fmt: skip
         print(f"{label:26s} iclab {row['iclab_median_ms']:7.1f} ms", end="")
         print(f"   authors {row['authors_median_ms']:7.1f} ms   ratio {ratio:4.1f}x" if ratio else "")
-    out["loadavg_end"] = loadavg()
+    out.update(loadavg_end=loadavg(), kernel=args.kernel, blocks=args.blocks)
     print(json.dumps(out, indent=2))
     variant = "" if (args.kernel, args.blocks) == ("softmax", 2) else f"{args.kernel}-{args.blocks}block-"
-    out.update(kernel=args.kernel, blocks=args.blocks)
     atomic_write_json(Path(__file__).parent / "results" / f"bench-categorical-{variant}{device.type}.json", out)
 
 

@@ -1,8 +1,8 @@
 """The Trained TF's fast path: :class:`~iclab.models.categorical_attention.CategoricalTransformer` with less work.
 
 Taken by ``mode='free'``, ``erasure='kernel'`` (the authors' Trained TF: free matrices, both self-attention heads
-ordinary heads) with the softmax, linear, exp or rbf kernel, see ``CategoricalTransformer.uses_fast_path``. Paper tokens are columns
-e = (x; u; E; f) ∈ R^{d+3d'} (eq. 4); here rows (B, T, D). A head's score is s_ij = (W_K e_i)ᵀ(W_Q e_j) = e_iᵀ A e_j
+ordinary heads) with the softmax, linear, exp or rbf kernel, see ``CategoricalTransformer.uses_fast_path``. Paper
+tokens are columns e = (x; u; E; f) ∈ R^{d+3d'} (eq. 4); here rows (B, T, D). A head's score is s_ij = (W_K e_i)ᵀ(W_Q e_j) = e_iᵀ A e_j
 with A = W_Kᵀ W_Q, its output P Σ_i softmax_i(s_ij) W_V e_i = V Σ_i softmax_i(s_ij) e_i with V = P W_V (eq. 26-30
 with free matrices; the softmax runs over the n context tokens, queries masked as keys).
 
@@ -324,7 +324,7 @@ def first_block_kernel(
     −‖k_i − t_j‖²/2 = s_iᵀ(K_hᵀt'_j) − s_iᵀ(K_hᵀK_h)s_i/2 − ‖t'_j‖²/2: every score is s_iᵀb_j + c_j − a_i with r-wide b_j
     (a = 0 but for rbf). The value P_h W_V,h e_i = V_h,s s_i + V_h,E w̄_e, so head h writes
     (V_h,s Σ_i κ_ij s_i + V_h,E w̄_e Σ_i κ_ij) / n: no D-wide key, query or value of a context token is formed (the
-    general block projects every token to 4 D columns, ~10× the work of this one at Fig. 2's one block)."""
+    general block projects every token to 4 D columns; benchmarks/bench_categorical.py counts both blocks' FLOPs)."""
     B, T, d = x.shape
     dp, D = U.shape[-1], blk.W_Q.shape[-1]
     r = d + dp

@@ -22,9 +22,9 @@ diagonal step per block, or one for all blocks when ``shared``), a kernel scale 
 not learned for the linear kernel, where it only rescales α) and W_e. It is computed on the blocks
 directly (no zero blocks multiplied; with the softmax kernel head 1 runs in the fused kernel of
 :mod:`iclab.models._categorical_fast`, keys a x_i and values packed as its sources; with the others its weights are
-the data's Gram matrix with a applied after it, :func:`~iclab.models._categorical_heads.scaled_head_weights`), and
-K blocks equal K steps of
-:class:`iclab.algorithms.CategoricalFunctionalGD` at every token (:func:`iclab.constructions.gd_algorithm`).
+the data's Gram matrix with a applied after it, :func:`~iclab.models._categorical_heads.scaled_head_weights`), and K
+blocks equal K steps of :class:`iclab.algorithms.CategoricalFunctionalGD` at every token
+(:func:`iclab.constructions.gd_algorithm`).
 ``mode='free'`` is the "Trained TF": the same skeleton with every W_Q, W_K, W_V, P of both heads and
 W_Q, W_K, W_V, P of the cross-attention free (full D×D matrices, d'×D for the cross query, …), plus W_e.
 :func:`iclab.constructions.categorical_gd` loads the GD form into a free model. With ``erasure='kernel'`` (the authors'
